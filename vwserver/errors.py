@@ -1,0 +1,105 @@
+"""The one exception hierarchy of vwserver.
+
+Every error vwserver raises on purpose derives from :class:`VWServerError`. Errors that end a
+request carry what a Kubernetes client expects on the wire — an HTTP code and a ``reason`` of
+``metav1.Status`` — so the HTTP layer turns any of them into a ``kind: Status`` body in one place
+(:func:`vwserver.k8s.status.from_error`) instead of each handler inventing its own.
+
+::
+
+    VWServerError
+    ├── ConfigError            bad configuration file or CLI input (never reaches the wire)
+    └── RequestError           anything that ends one HTTP request with a Status
+        ├── SelectorError      400  a label selector that does not parse or validate
+        ├── BadRequest         400  malformed path, query or body
+        ├── Forbidden          403  a verb the endpoint does not allow on that resource
+        ├── NotFound           404  unknown slice, or an object outside the slice
+        ├── MethodNotAllowed   405  e.g. writes on the ``clusters/*`` wildcard
+        ├── Conflict           409  the object changed between check and write
+        ├── Invalid            422  a write would put the object outside the slice
+        ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
+        └── BadGateway         502  upstream answered with something we cannot use
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class VWServerError(Exception):
+    """Base of every error vwserver raises deliberately."""
+
+
+class ConfigError(VWServerError):
+    """A configuration file or CLI argument is wrong; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class RequestError(VWServerError):
+    """An error that ends one request with a Kubernetes ``Status`` of the class's code/reason."""
+
+    code: ClassVar[int] = 500
+    reason: ClassVar[str] = "InternalError"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, object] | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        self.retry_after = retry_after
+
+
+class SelectorError(RequestError):
+    """A label selector failed to parse or validate. As a request error it is a 400."""
+
+    code = 400
+    reason = "BadRequest"
+
+
+class BadRequest(RequestError):
+    code = 400
+    reason = "BadRequest"
+
+
+class Forbidden(RequestError):
+    code = 403
+    reason = "Forbidden"
+
+
+class NotFound(RequestError):
+    code = 404
+    reason = "NotFound"
+
+
+class MethodNotAllowed(RequestError):
+    code = 405
+    reason = "MethodNotAllowed"
+
+
+class Conflict(RequestError):
+    code = 409
+    reason = "Conflict"
+
+
+class Invalid(RequestError):
+    code = 422
+    reason = "Invalid"
+
+
+class BadGateway(RequestError):
+    code = 502
+    reason = "InternalError"
+
+
+class UpstreamUnavailable(RequestError):
+    code = 503
+    reason = "ServiceUnavailable"

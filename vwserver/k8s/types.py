@@ -1,0 +1,67 @@
+"""Typed views of the raw Kubernetes payloads vwserver reads.
+
+The proxy never needs a whole object: it needs labels, identity and a few list fields. These
+msgspec Structs decode *only* those fields (msgspec skips everything else without building it),
+which is what keeps "parse once, forward the original bytes" cheap. ``msgspec.Raw`` fields hold the
+untouched bytes of a sub-document so they can be forwarded verbatim.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ObjectMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class ObjectHead(msgspec.Struct, omit_defaults=True):
+    """apiVersion, kind and metadata of any object; the rest of it is skipped when decoding."""
+
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class ListMeta(msgspec.Struct, omit_defaults=True):
+    resourceVersion: str = ""
+    # ``continue`` is a Python keyword; ``rename`` maps the wire name.
+    continue_: str = msgspec.field(default="", name="continue")
+    remainingItemCount: int | None = None
+
+
+class ListPage(msgspec.Struct):
+    """One page of a LIST (plain list or PartialObjectMetadataList); items kept as raw bytes."""
+
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+class TablePage(msgspec.Struct):
+    """One page of a ``meta.k8s.io/v1 Table`` (``as=Table``); rows kept as raw bytes."""
+
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    columnDefinitions: msgspec.Raw | None = None
+    rows: list[msgspec.Raw] | None = None
+
+
+class TableRowHead(msgspec.Struct):
+    """A Table row: only the embedded object's head matters (``rows[].object.metadata``)."""
+
+    object: ObjectHead | None = None
+
+
+class WatchEventHead(msgspec.Struct):
+    """A watch event: its type decoded, its object kept as raw bytes."""
+
+    type: str
+    object: msgspec.Raw
