@@ -47,7 +47,21 @@ start=$(date +%s)
 go list -deps github.com/kcp-dev/kcp/cmd/kcp >/dev/null
 tmp="$out_dir/kcp.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-go build -v -trimpath -ldflags="-s -w" -o "$tmp" github.com/kcp-dev/kcp/cmd/kcp 2>&1 \
+# kcp v0.32.3 needs one symbol that the newest published virtual-workspace-framework (v0.31.2)
+# lacks (see compat/). The module cache is read-only, so build against a copy of that module with
+# the shim added, through a generated go.mod (-modfile) that replaces it with the copy. The copy
+# lives in the cache directory, never in the repository.
+vwf_version=$(awk '$1=="github.com/kcp-dev/virtual-workspace-framework"{print $2; exit}' go.mod)
+vwf_src=$(go mod download -json "github.com/kcp-dev/virtual-workspace-framework@${vwf_version}" \
+  | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+vwf_copy="$out_dir/virtual-workspace-framework"
+rm -rf "$vwf_copy" && cp -r "$vwf_src" "$vwf_copy" && chmod -R u+w "$vwf_copy"
+cp compat/forwardingregistry_compat.go "$vwf_copy/pkg/forwardingregistry/zz_vwserver_compat.go"
+cp go.mod "$out_dir/build.mod" && cp go.sum "$out_dir/build.sum"
+go mod edit -modfile="$out_dir/build.mod" \
+  -replace "github.com/kcp-dev/virtual-workspace-framework=$vwf_copy"
+go build -modfile="$out_dir/build.mod" -v -trimpath -ldflags="-s -w" -o "$tmp" \
+  github.com/kcp-dev/kcp/cmd/kcp 2>&1 \
   | awk '/[: ]/ {print; fflush(); next}  # compiler errors pass through whole
          {n++; if (n % 50 == 0) {printf "  compiled %d packages (latest: %s)\n", n, $0; fflush()}}' >&2
 [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "kcp build failed" >&2; exit 1; }

@@ -6,6 +6,11 @@
 // block is therefore kcp's own, copied verbatim from its go.mod as the module proxy serves it
 // (build.sh --print-replace VERSION prints it); kcp's staging modules are pinned to their
 // published releases in the require block.
+//
+// virtual-workspace-framework: the module proxy serves no v0.32.x release of it (403 "not
+// available"), so it is pinned to v0.31.2, the newest one served. kcp v0.32.3 needs one symbol
+// more from it; build.sh adds that as a one-line shim (compat/) to a build-time copy.
+// code-generator/v3 is in the module graph only (kcp's code generation, not linked into cmd/kcp).
 module vwserver.local/kcpbuild
 
 go 1.26.0
