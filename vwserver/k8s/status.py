@@ -49,7 +49,9 @@ def not_found(*, resource: str, group: str, name: str) -> bytes:
         code=404,
         reason="NotFound",
         message=f'{qualified} "{name}" not found',
-        details={"name": name, "group": group, "kind": resource} if group else {
+        details={"name": name, "group": group, "kind": resource}
+        if group
+        else {
             "name": name,
             "kind": resource,
         },

@@ -1,0 +1,75 @@
+"""The ``vwserver`` command line.
+
+``vwserver serve --config FILE`` runs the filtering proxy. Configuration errors are printed as
+one line naming the field and the problem, with exit code 2, and never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from vwserver.config import Config, load_config
+from vwserver.errors import ConfigError
+from vwserver.server import serve
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vwserver",
+        description="Filtered APIExport virtual workspaces for kcp.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the filtering proxy")
+    serve.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    check = sub.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"vwserver: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(f"{args.config}: ok ({len(config.slices)} slice(s))")
+        return 0
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        _run(_serve(args.config.parent, config))
+    except ConfigError as e:
+        print(f"vwserver: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(base_dir: Path, config: Config) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(config, base_dir=base_dir, stop=stop)
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

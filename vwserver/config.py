@@ -1,0 +1,207 @@
+"""The YAML configuration file of ``vwserver serve``.
+
+The file is decoded into msgspec Structs, so a wrong type or an unknown key is reported with the
+exact path of the field (``$.slices[1].selector``), and then checked for what types cannot say
+(selectors parse, URLs are https, files exist). Every problem is a :class:`ConfigError` naming the
+field; nothing is half-applied.
+
+Example (``config/example.yaml`` is the annotated version)::
+
+    listen: {host: 0.0.0.0, port: 8443}
+    externalURL: https://vwserver.example.com
+    upstream:
+      kubeconfig: /etc/vwserver/kcp.kubeconfig
+    slices:
+      - cluster: 2fx3m0rnxzbs8mq9
+        name: prod-widgets
+        export: {cluster: 1a2b3c4d5e6f7g8h, name: widgets.example.io}
+        selector: {matchLabels: {env: prod}}
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from vwserver.errors import ConfigError, SelectorError
+from vwserver.selector import Selector
+
+# kcp logical-cluster names (IDs such as "2fx3m0rnxzbs8mq9", or "root"); workspace *paths*
+# ("root:org") are not valid in virtual-workspace URLs (FIELD-NOTES: both segments are IDs).
+LOGICAL_CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A Kubernetes object name (DNS-1123 subdomain), as slice and export names are.
+OBJECT_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
+    """Base: unknown keys are errors (a typo must not be silently ignored)."""
+
+
+class Listen(_Strict):
+    host: str = "127.0.0.1"
+    port: int = 8443
+
+
+class TLS(_Strict):
+    cert_file: str
+    key_file: str
+
+
+class Upstream(_Strict):
+    """How vwserver reaches kcp: a kubeconfig, or a server URL with explicit credentials."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    server: str | None = None
+    ca_file: str | None = None
+    token: str | None = None
+    token_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    insecure_skip_tls_verify: bool = False
+
+
+class ExportRef(_Strict):
+    """The APIExport a slice filters: its logical cluster ID and name."""
+
+    cluster: str
+    name: str
+
+
+class SliceConfig(_Strict):
+    cluster: str
+    name: str
+    selector: dict[str, Any] | None = None
+    # An empty selector would show every object of the export. That must be a visible decision,
+    # never the accident of a forgotten field (the Go peer treated {} as "no filtering").
+    allow_empty_selector: bool = False
+    export: ExportRef | None = None
+    # Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard).
+    upstream_url: str | None = None
+
+
+class Config(_Strict):
+    listen: Listen = msgspec.field(default_factory=Listen)
+    tls: TLS | None = None
+    # Plain HTTP without TLS. For local development only; `serve` refuses to start without TLS
+    # unless this is set.
+    insecure_serving: bool = False
+    external_url: str | None = None
+    upstream: Upstream = msgspec.field(default_factory=Upstream)
+    slices: list[SliceConfig] = msgspec.field(default_factory=list)
+    list_page_size: int = 500
+    log_level: str = "info"
+
+
+def load_config(path: Path) -> Config:
+    """Read, decode and validate a config file. Raises :class:`ConfigError`."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), f"not valid YAML: {e}") from e
+    return parse_config(raw if raw is not None else {}, base_dir=path.parent)
+
+
+def parse_config(raw: object, *, base_dir: Path) -> Config:
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as e:
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.listen.port`"; lead with the path.
+        message = str(e)
+        field, _, problem = message.rpartition(" - at ")
+        if problem:
+            raise ConfigError(problem.strip("`"), field) from e
+        raise ConfigError("config", message) from e
+    _validate(config, base_dir=base_dir)
+    return config
+
+
+def slice_selector(slice_: SliceConfig, *, field: str) -> Selector:
+    """The slice's selector, validated; empty only when explicitly allowed."""
+    try:
+        selector = Selector.from_label_selector(slice_.selector or {}, field=f"{field}.selector")
+    except SelectorError as e:
+        raise ConfigError(f"{field}.selector", e.message) from e
+    if selector.is_empty and not slice_.allow_empty_selector:
+        raise ConfigError(
+            f"{field}.selector",
+            "empty selector would expose every object of the export; "
+            "set allowEmptySelector: true if that is intended",
+        )
+    return selector
+
+
+def _validate(config: Config, *, base_dir: Path) -> None:
+    if not 0 < config.listen.port < 65536:
+        raise ConfigError("$.listen.port", f"{config.listen.port} is not a TCP port")
+    if config.tls is None and not config.insecure_serving:
+        raise ConfigError(
+            "$.tls", "required (certFile, keyFile); set insecureServing: true for plain HTTP"
+        )
+    if config.tls is not None:
+        for name in ("cert_file", "key_file"):
+            _require_file(getattr(config.tls, name), field=f"$.tls.{_camel(name)}", base=base_dir)
+    if config.list_page_size < 1:
+        raise ConfigError("$.listPageSize", "must be at least 1")
+    if config.log_level.lower() not in {"debug", "info", "warning", "error"}:
+        raise ConfigError("$.logLevel", f"unknown level {config.log_level!r}")
+    up = config.upstream
+    if up.kubeconfig is None and up.server is None:
+        raise ConfigError("$.upstream", "set either kubeconfig or server")
+    if up.kubeconfig is not None and up.server is not None:
+        raise ConfigError("$.upstream", "kubeconfig and server are mutually exclusive")
+    if up.token is not None and up.token_file is not None:
+        raise ConfigError("$.upstream", "token and tokenFile are mutually exclusive")
+    if up.server is not None and not up.server.startswith(("https://", "http://")):
+        raise ConfigError("$.upstream.server", f"{up.server!r} is not an http(s) URL")
+    for name in ("kubeconfig", "ca_file", "token_file", "client_cert_file", "client_key_file"):
+        value = getattr(up, name)
+        if value is not None:
+            _require_file(value, field=f"$.upstream.{_camel(name)}", base=base_dir)
+    seen: set[tuple[str, str]] = set()
+    for i, s in enumerate(config.slices):
+        field = f"$.slices[{i}]"
+        if not LOGICAL_CLUSTER_RE.match(s.cluster):
+            raise ConfigError(f"{field}.cluster", f"{s.cluster!r} is not a logical-cluster name")
+        if not OBJECT_NAME_RE.match(s.name) or len(s.name) > 253:
+            raise ConfigError(f"{field}.name", f"{s.name!r} is not a valid object name")
+        if (s.cluster, s.name) in seen:
+            raise ConfigError(field, f"duplicate slice {s.cluster}/{s.name}")
+        seen.add((s.cluster, s.name))
+        if s.export is None and s.upstream_url is None:
+            raise ConfigError(field, "set export {cluster, name} or upstreamURL")
+        if s.export is not None:
+            if not LOGICAL_CLUSTER_RE.match(s.export.cluster):
+                raise ConfigError(
+                    f"{field}.export.cluster",
+                    f"{s.export.cluster!r} is not a logical-cluster ID "
+                    "(use the ID from `kubectl get workspace -o jsonpath={.spec.cluster}`)",
+                )
+            if not OBJECT_NAME_RE.match(s.export.name):
+                raise ConfigError(f"{field}.export.name", f"{s.export.name!r} is not a valid name")
+        if s.upstream_url is not None and not s.upstream_url.startswith(("https://", "http://")):
+            raise ConfigError(f"{field}.upstreamURL", f"{s.upstream_url!r} is not an http(s) URL")
+        slice_selector(s, field=field)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def _require_file(value: str, *, field: str, base: Path) -> None:
+    if not (base / value).is_file():
+        raise ConfigError(field, f"file {value!r} does not exist")
+
+
+def resolve(value: str, *, base: Path) -> Path:
+    """Relative paths in the config are relative to the config file's directory."""
+    return base / value

@@ -1,0 +1,193 @@
+"""Decide, per object and per watch event, what may leave the proxy — pure, no I/O.
+
+The proxy pushes every selector down to the upstream *and* checks every object itself: the
+upstream's filtering is an optimisation, this module is the guarantee (issue #2). Objects are
+decoded only as far as their head (apiVersion, kind, metadata) with msgspec, and matching objects
+are forwarded as their original bytes, so each object is parsed once and never re-encoded.
+
+Watch events follow the apiserver's label-selector watch semantics (the watch cache's
+``cacheWatcher.convertToWatchEvent``): an object that stops matching arrives as DELETED carrying
+its *previous* (still matching) content, one that starts matching as ADDED. With the selector
+pushed down, every event from a correct upstream therefore matches. An event that does not is
+handled so that no field of an object outside the slice leaves the proxy:
+
+=================  =================================================================
+upstream event     sent to the client
+=================  =================================================================
+ADDED, no match    nothing (the client never saw it)
+MODIFIED, no match a synthetic DELETED with identifying metadata only: the object may
+                   have been visible before, and a client must not keep a stale copy
+DELETED, no match  a synthetic DELETED with identifying metadata only
+BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; the
+                   ``k8s.io/initial-events-end`` annotation must reach client-go)
+=================  =================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from vwserver.k8s.types import ListPage, ObjectHead, TablePage, TableRowHead, WatchEventHead
+from vwserver.selector import Selector
+
+CLUSTER_ANNOTATION = "kcp.io/cluster"
+
+_head_decoder = msgspec.json.Decoder(ObjectHead)
+_row_decoder = msgspec.json.Decoder(TableRowHead)
+_event_decoder = msgspec.json.Decoder(WatchEventHead)
+_list_decoder = msgspec.json.Decoder(ListPage)
+_table_decoder = msgspec.json.Decoder(TablePage)
+_encoder = msgspec.json.Encoder()
+
+
+class UndecodableError(ValueError):
+    """Upstream bytes that are not the JSON we expect (garbage, truncated, wrong shape)."""
+
+
+def decode_head(raw: bytes | msgspec.Raw) -> ObjectHead:
+    try:
+        return _head_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+
+
+def object_matches(raw: bytes | msgspec.Raw, selector: Selector) -> bool:
+    return selector.matches(decode_head(raw).metadata.labels)
+
+
+def row_matches(raw: msgspec.Raw, selector: Selector) -> bool:
+    """A Table row is visible only if it embeds an object (metadata) that matches."""
+    try:
+        row = _row_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    return row.object is not None and selector.matches(row.object.metadata.labels)
+
+
+@dataclass(slots=True)
+class Page:
+    """One decoded upstream page: plain list / PartialObjectMetadataList, or Table."""
+
+    is_table: bool
+    api_version: str
+    kind: str
+    resource_version: str
+    continue_token: str
+    remaining_item_count: int | None
+    column_definitions: bytes | None
+    entries: list[msgspec.Raw]
+    """Items (lists) or rows (Tables), still raw."""
+
+    def visible(self, selector: Selector) -> Iterator[bytes]:
+        """The raw bytes of every entry that matches ``selector``."""
+        check = row_matches if self.is_table else object_matches
+        for entry in self.entries:
+            if check(entry, selector):
+                yield bytes(entry)
+
+
+def decode_page(body: bytes) -> Page:
+    """Decode one LIST page, Table or not, keeping entries as raw bytes."""
+    try:
+        head = _head_decoder.decode(body)
+        if head.kind == "Table":
+            table = _table_decoder.decode(body)
+            return Page(
+                is_table=True,
+                api_version=table.apiVersion,
+                kind=table.kind,
+                resource_version=table.metadata.resourceVersion,
+                continue_token=table.metadata.continue_,
+                remaining_item_count=table.metadata.remainingItemCount,
+                column_definitions=bytes(table.columnDefinitions)
+                if table.columnDefinitions is not None
+                else None,
+                entries=table.rows or [],
+            )
+        page = _list_decoder.decode(body)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    if not page.kind.endswith("List"):
+        raise UndecodableError(f"expected a list, got kind {page.kind!r}")
+    return Page(
+        is_table=False,
+        api_version=page.apiVersion,
+        kind=page.kind,
+        resource_version=page.metadata.resourceVersion,
+        continue_token=page.metadata.continue_,
+        remaining_item_count=page.metadata.remainingItemCount,
+        column_definitions=None,
+        entries=page.items or [],
+    )
+
+
+def list_header(page: Page, *, resource_version: str, continue_token: str) -> bytes:
+    """The opening of a streamed list response, up to and including the ``[`` of its entries.
+
+    ``remainingItemCount`` is dropped: it counts upstream objects, and with the proxy's own
+    check it could count objects the client may not see.
+    """
+    metadata: dict[str, str] = {"resourceVersion": resource_version}
+    if continue_token:
+        metadata["continue"] = continue_token
+    head = (
+        b'{"kind":'
+        + _encoder.encode(page.kind)
+        + b',"apiVersion":'
+        + _encoder.encode(page.api_version)
+        + b',"metadata":'
+        + _encoder.encode(metadata)
+    )
+    if page.is_table:
+        return head + b',"columnDefinitions":' + (page.column_definitions or b"[]") + b',"rows":['
+    return head + b',"items":['
+
+
+LIST_FOOTER = b"]}\n"
+
+
+def synthetic_deleted(head: ObjectHead) -> bytes:
+    """A DELETED event that identifies the object and says nothing else about it."""
+    meta: dict[str, object] = {"name": head.metadata.name}
+    if head.metadata.namespace:
+        meta["namespace"] = head.metadata.namespace
+    if head.metadata.uid:
+        meta["uid"] = head.metadata.uid
+    if head.metadata.resourceVersion:
+        meta["resourceVersion"] = head.metadata.resourceVersion
+    cluster = (head.metadata.annotations or {}).get(CLUSTER_ANNOTATION)
+    if cluster:
+        meta["annotations"] = {CLUSTER_ANNOTATION: cluster}
+    obj = {"apiVersion": head.apiVersion, "kind": head.kind, "metadata": meta}
+    return _encoder.encode({"type": "DELETED", "object": obj}) + b"\n"
+
+
+@dataclass(frozen=True, slots=True)
+class EventVerdict:
+    """What to do with one upstream watch line: ``out`` bytes to send (None: drop)."""
+
+    out: bytes | None
+    type: str
+    synthesized: bool = False
+
+
+def filter_event(line: bytes, selector: Selector) -> EventVerdict:
+    """Decide one watch event (one JSON line, newline included). Raises UndecodableError."""
+    try:
+        event = _event_decoder.decode(line)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    kind = event.type
+    if kind in ("BOOKMARK", "ERROR"):
+        return EventVerdict(line, kind)
+    head = decode_head(event.object)
+    if selector.matches(head.metadata.labels):
+        return EventVerdict(line, kind)
+    if kind == "ADDED":
+        return EventVerdict(None, kind)
+    if kind in ("MODIFIED", "DELETED"):
+        return EventVerdict(synthetic_deleted(head), kind, synthesized=True)
+    raise UndecodableError(f"unknown watch event type {kind!r}")

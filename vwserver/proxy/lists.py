@@ -1,0 +1,109 @@
+"""Filtered LIST: paged upstream, streamed out, every item checked.
+
+Memory is bounded by one upstream page, never by the size of the list (issue #2 §2):
+
+* a client that pages itself (``limit``/``continue``, as kubectl and client-go's pager do) gets
+  exactly one upstream request per request, with its own limit and token, and the combined
+  selector pushed down — the upstream's continue token stays valid because every page of that
+  list carries the same selector;
+* a client that asks for everything is served by the proxy paging upstream with
+  ``listPageSize`` and writing each page's matching items as soon as it has them. The response is
+  one list; its resourceVersion is the first page's, which is the snapshot every page is read at.
+
+Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
+went out, the connection is aborted rather than closed cleanly, so the client sees a broken
+response, never a short list that looks complete.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from vwserver.errors import BadGateway, UpstreamUnavailable
+from vwserver.proxy.context import ProxyRequest
+from vwserver.proxy.filtering import LIST_FOOTER, Page, UndecodableError, decode_page, list_header
+from vwserver.proxy.responses import read_body, relay_whole, response_headers
+from vwserver.proxy.upstream import forwarded_headers
+from vwserver.selector import Selector
+
+log = logging.getLogger(__name__)
+
+
+async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
+    selector = ctx.effective_selector()
+    headers = forwarded_headers(ctx.request.headers)
+    client_pages = "limit" in ctx.query or "continue" in ctx.query
+    query = ctx.upstream_query(
+        extra=() if client_pages else (("limit", str(ctx.page_size)),),
+        drop=() if client_pages else ("limit",),
+    )
+    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
+        if up.status != 200:
+            return await relay_whole(up)
+        page = _decode(await read_body(up))
+        response = web.StreamResponse(status=200, headers=response_headers(up))
+    # The apiserver gzips large responses for clients that accept it; a streamed list's size is
+    # unknown up front, so the proxy compresses whenever the client accepts gzip.
+    if "gzip" in ctx.request.headers.get("Accept-Encoding", ""):
+        response.enable_compression(web.ContentCoding.gzip)
+    await response.prepare(ctx.request)
+    try:
+        await response.write(
+            list_header(
+                page,
+                resource_version=page.resource_version,
+                continue_token=page.continue_token if client_pages else "",
+            )
+        )
+        first = await _write_page(response, page, selector=selector, first=True)
+        if not client_pages:
+            # Later pages must not repeat resourceVersion(Match): the apiserver refuses them
+            # together with a continue token.
+            base = [
+                (k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")
+            ]
+            while page.continue_token:
+                async with ctx.upstream.request(
+                    "GET",
+                    ctx.upstream_url,
+                    query=[*base, ("continue", page.continue_token)],
+                    headers=headers,
+                ) as up:
+                    if up.status != 200:
+                        # e.g. 410 when the snapshot expired mid-list: the client must relist.
+                        raise BadGateway(f"upstream answered {up.status} for a later list page")
+                    page = _decode(await read_body(up))
+                first = await _write_page(response, page, selector=selector, first=first)
+        await response.write(LIST_FOOTER)
+    except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
+        log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
+        _abort(ctx.request)
+        return response
+    await response.write_eof()
+    return response
+
+
+def _decode(body: bytes) -> Page:
+    try:
+        return decode_page(body)
+    except UndecodableError as e:
+        raise BadGateway(f"upstream sent an undecodable list: {e}") from e
+
+
+async def _write_page(
+    response: web.StreamResponse, page: Page, *, selector: Selector, first: bool
+) -> bool:
+    """Write the page's visible entries; returns whether nothing has been written yet."""
+    visible = list(page.visible(selector))
+    if not visible:
+        return first
+    chunk = b",".join(visible)
+    await response.write(chunk if first else b"," + chunk)
+    return False
+
+
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()

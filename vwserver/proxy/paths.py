@@ -1,0 +1,200 @@
+"""Parse and classify request paths — pure functions, no I/O.
+
+The filtered endpoint of a slice is::
+
+    /services/filtered-apiexport/<slice-cluster>/<slice-name>/clusters/<cluster | *>/<api path>
+
+and everything after ``clusters/<cluster>`` is forwarded to the same place below the upstream
+APIExport virtual workspace. Paths are parsed from the *raw* (still percent-encoded) request path
+and every segment is checked before anything is forwarded: a percent-encoded slash, ``..`` or an
+empty segment could otherwise make the upstream resolve a different resource than the one the
+proxy checked (issue #2, "never reach the upstream").
+
+:class:`ApiRequest` says what a request is in Kubernetes terms (the verb, group, resource,
+namespace, name, subresource), the way the apiserver's ``RequestInfoFactory`` does, because every
+filtering decision hangs on it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from vwserver.errors import BadRequest, MethodNotAllowed
+
+PREFIX = "/services/filtered-apiexport/"
+
+# Logical-cluster names as kcp writes them (IDs like "2fx3m0rnxzbs8mq9", or "root").
+_CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# DNS-1123 subdomain: slice names, object names, namespaces, resources, groups.
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Versions and resource plurals are DNS labels in practice; allow what CRDs allow.
+_SEGMENT_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class Verb(StrEnum):
+    GET = "get"
+    LIST = "list"
+    WATCH = "watch"
+    CREATE = "create"
+    UPDATE = "update"
+    PATCH = "patch"
+    DELETE = "delete"
+    DELETECOLLECTION = "deletecollection"
+
+
+READ_VERBS = frozenset({Verb.GET, Verb.LIST, Verb.WATCH})
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePath:
+    """The slice part of a filtered-endpoint URL plus the rest, still raw."""
+
+    slice_cluster: str
+    slice_name: str
+    cluster: str
+    """The consumer logical cluster, or ``*``."""
+    api_path: str
+    """Everything after ``clusters/<cluster>``, starting with ``/`` (may be ``""``)."""
+
+    @property
+    def wildcard(self) -> bool:
+        return self.cluster == "*"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """What a request under ``clusters/<cluster>`` means in Kubernetes terms."""
+
+    discovery: bool
+    """Discovery, OpenAPI or version documents; no resource involved."""
+    verb: Verb
+    group: str = ""
+    version: str = ""
+    namespace: str = ""
+    resource: str = ""
+    name: str = ""
+    subresource: str = ""
+
+    @property
+    def is_apibindings(self) -> bool:
+        return self.group == "apis.kcp.io" and self.resource == "apibindings"
+
+
+def split_slice_path(raw_path: str) -> SlicePath | None:
+    """Split a raw request path; None when it is not below :data:`PREFIX`.
+
+    Raises :class:`BadRequest` for a path that is below the prefix but malformed.
+    """
+    if not raw_path.startswith(PREFIX):
+        return None
+    rest = raw_path[len(PREFIX) :]
+    _check_raw(raw_path)
+    parts = rest.split("/", 4)
+    if len(parts) < 4 or parts[2] != "clusters":
+        raise BadRequest(
+            f"path {raw_path!r} must look like "
+            f"{PREFIX}<slice-cluster>/<slice-name>/clusters/<cluster>/<api path>"
+        )
+    slice_cluster, slice_name, _, cluster = parts[:4]
+    api_path = "/" + parts[4] if len(parts) == 5 else ""
+    if not _CLUSTER_RE.match(slice_cluster):
+        raise BadRequest(f"invalid slice cluster {slice_cluster!r}: not a logical-cluster name")
+    if not _NAME_RE.match(slice_name) or len(slice_name) > 253:
+        raise BadRequest(f"invalid slice name {slice_name!r}")
+    if cluster != "*" and not _CLUSTER_RE.match(cluster):
+        raise BadRequest(f"invalid cluster {cluster!r}: not a logical-cluster name or '*'")
+    return SlicePath(slice_cluster, slice_name, cluster, api_path)
+
+
+def _check_raw(raw_path: str) -> None:
+    # Object names, namespaces and resources never need percent-encoding; refusing "%" outright
+    # rules out encoded slashes and dots and double-decoding tricks in one check.
+    if "%" in raw_path:
+        raise BadRequest("percent-encoded characters are not allowed in the path")
+    segments = raw_path.split("/")[1:]
+    if segments and segments[-1] == "":
+        segments = segments[:-1]  # one trailing slash is harmless
+    for segment in segments:
+        if segment in ("", ".", ".."):
+            raise BadRequest("empty, '.' and '..' path segments are not allowed")
+
+
+def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
+    """Classify the API path below ``clusters/<cluster>`` for an HTTP method.
+
+    ``watch`` is whether the query asks for a watch (``watch=true|1``).
+    """
+    parts = [p for p in api_path.split("/") if p]
+    method = method.upper()
+    if not parts or parts[0] not in ("api", "apis"):
+        # /openapi/v2, /openapi/v3/..., /version, /  — discovery-like documents only.
+        if parts and parts[0] not in ("openapi", "version"):
+            raise BadRequest(f"unsupported path {api_path!r}")
+        return ApiRequest(discovery=True, verb=_discovery_verb(method))
+    if parts[0] == "api":
+        # Core group: /api, /api/v1, /api/v1/...
+        group, rest = "", parts[1:]
+    else:
+        if len(parts) == 1:
+            return ApiRequest(discovery=True, verb=_discovery_verb(method))
+        group, rest = parts[1], parts[2:]
+        if not _NAME_RE.match(group):
+            raise BadRequest(f"invalid API group {group!r}")
+    if len(rest) <= 1:
+        # /api, /api/v1, /apis/<g>, /apis/<g>/<v>
+        return ApiRequest(discovery=True, verb=_discovery_verb(method), group=group)
+    version, rest = rest[0], rest[1:]
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) > 3:
+        raise BadRequest(f"unsupported path {api_path!r}")
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    subresource = rest[2] if len(rest) > 2 else ""
+    for what, value in (
+        ("version", version),
+        ("resource", resource),
+        ("subresource", subresource),
+    ):
+        if value and not _SEGMENT_RE.match(value):
+            raise BadRequest(f"invalid {what} {value!r}")
+    for what, value in (("namespace", namespace), ("name", name)):
+        if value and (not _NAME_RE.match(value) or len(value) > 253):
+            raise BadRequest(f"invalid {what} {value!r}")
+    verb = _resource_verb(method, named=bool(name), watch=watch)
+    return ApiRequest(
+        discovery=False,
+        verb=verb,
+        group=group,
+        version=version,
+        namespace=namespace,
+        resource=resource,
+        name=name,
+        subresource=subresource,
+    )
+
+
+def _discovery_verb(method: str) -> Verb:
+    if method not in ("GET", "HEAD"):
+        raise MethodNotAllowed(f"{method} is not allowed on discovery documents")
+    return Verb.GET
+
+
+def _resource_verb(method: str, *, named: bool, watch: bool) -> Verb:
+    # The apiserver's RequestInfoFactory mapping (k8s.io/apiserver/pkg/endpoints/request).
+    if method in ("GET", "HEAD"):
+        if watch:
+            return Verb.WATCH
+        return Verb.GET if named else Verb.LIST
+    if method == "POST" and not named:
+        return Verb.CREATE
+    if method == "PUT" and named:
+        return Verb.UPDATE
+    if method == "PATCH" and named:
+        return Verb.PATCH
+    if method == "DELETE":
+        return Verb.DELETE if named else Verb.DELETECOLLECTION
+    raise MethodNotAllowed(f"{method} is not supported on this path")

@@ -1,0 +1,52 @@
+"""Relaying upstream responses to the client: headers, errors, plain streaming."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from vwserver.errors import BadGateway
+from vwserver.proxy.upstream import FORWARDED_RESPONSE_HEADERS
+
+# Largest upstream body the proxy reads whole: one LIST page, one object (etcd's 1.5 MiB default,
+# up to 3 MiB as the issue requires), or a Status. Pages are bounded by the page size.
+MAX_BODY = 64 * 2**20
+
+
+def response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name in FORWARDED_RESPONSE_HEADERS:
+        for value in upstream.headers.getall(name, []):
+            headers.add(name, value)
+    return headers
+
+
+async def read_body(upstream: aiohttp.ClientResponse, *, limit: int = MAX_BODY) -> bytes:
+    """Read a whole upstream body, refusing absurd sizes instead of growing without bound."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in upstream.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise BadGateway(f"upstream response larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def relay_whole(upstream: aiohttp.ClientResponse) -> web.Response:
+    """Relay a (small) upstream response as is: Status errors, single objects."""
+    body = await read_body(upstream)
+    return web.Response(status=upstream.status, body=body, headers=response_headers(upstream))
+
+
+async def relay_stream(
+    request: web.Request, upstream: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    """Stream an upstream response through unchanged (discovery, apibindings)."""
+    response = web.StreamResponse(status=upstream.status, headers=response_headers(upstream))
+    await response.prepare(request)
+    async for chunk in upstream.content.iter_any():
+        await response.write(chunk)
+    await response.write_eof()
+    return response

@@ -1,0 +1,124 @@
+"""The one HTTP client to the upstream APIExport virtual workspace.
+
+vwserver talks to kcp with *its own* identity (issue #2 §8, issue #5 §4): the request headers a
+client sent are not forwarded wholesale but picked from an allow-list, so hop-by-hop headers
+(RFC 9110 §7.6.1), the client's ``Authorization`` and every ``Impersonate-*`` / ``X-Remote-*``
+header (which kcp would honour as an authenticating-proxy identity) can never reach kcp.
+
+Connection failures become :class:`~vwserver.errors.UpstreamUnavailable` (503 + Retry-After) so
+that clients back off and retry instead of failing hard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from vwserver.errors import UpstreamUnavailable
+from vwserver.k8s.kubeconfig import ClientAuth
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+# Client request headers worth forwarding; everything else is dropped.
+_FORWARDED_REQUEST_HEADERS = ("Accept", "Content-Type", "User-Agent")
+# Upstream response headers a client may see; everything else (Set-Cookie, hop-by-hop,
+# Content-Length of a body we may change, priority-and-fairness internals) is dropped.
+FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Warning", "Audit-Id", "Cache-Control")
+
+RETRY_AFTER_SECONDS = 1
+
+
+def json_accept(accept: str | None) -> str:
+    """The client's Accept header with protobuf replaced by JSON (CRDs are JSON-only anyway,
+    and the proxy must read what it forwards)."""
+    if not accept:
+        return "application/json"
+    out: list[str] = []
+    for entry in accept.split(","):
+        entry = entry.strip()
+        if entry.startswith(PROTOBUF):
+            entry = "application/json" + entry[len(PROTOBUF) :]
+            entry = entry.replace(";stream=watch", "")
+        if entry and entry not in out:
+            out.append(entry)
+    return ",".join(out) or "application/json"
+
+
+def forwarded_headers(client: Mapping[str, str]) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name in _FORWARDED_REQUEST_HEADERS:
+        value = client.get(name)
+        if value is not None:
+            headers[name] = value
+    headers["Accept"] = json_accept(client.get("Accept"))
+    return headers
+
+
+class UpstreamClient:
+    """An aiohttp session bound to vwserver's upstream credentials."""
+
+    def __init__(self, *, auth: ClientAuth, connect_timeout: float = 10.0) -> None:
+        self._auth = auth
+        self._ssl = auth.ssl_context()
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(ssl=self._ssl, limit=0, limit_per_host=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            # Bodies are streamed and checked by the proxy; it decompresses what it reads
+            # itself (gzip is re-applied towards the client when the client accepts it).
+            auto_decompress=True,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self._connect_timeout, connect=self._connect_timeout
+            ),
+            # Watch events may hold objects up to 3 MiB (etcd's limit); the proxy frames lines
+            # itself, this only sizes the read buffer.
+            read_bufsize=2**18,
+            skip_auto_headers=("Accept-Encoding",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        headers: CIMultiDict[str] | None = None,
+        data: bytes | None = None,
+        read_timeout: float | None = 60.0,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send one request; connection failures raise UpstreamUnavailable."""
+        assert self._session is not None, "UpstreamClient.start() was not awaited"
+        target = URL(url, encoded=True)
+        query = list(query)
+        if query:
+            target = target.with_query(query)
+        send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
+        token = self._auth.bearer_token()
+        if token:
+            send_headers["Authorization"] = f"Bearer {token}"
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._connect_timeout, sock_read=read_timeout
+        )
+        try:
+            async with self._session.request(
+                method, target, headers=send_headers, data=data, timeout=timeout
+            ) as response:
+                yield response
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise UpstreamUnavailable(
+                f"upstream {target.host}:{target.port} unreachable: {type(e).__name__}",
+                retry_after=RETRY_AFTER_SECONDS,
+            ) from e

@@ -1,0 +1,78 @@
+"""Filtered WATCH: one upstream watch per client watch, filtered event by event.
+
+The upstream stream (newline-delimited JSON events) is framed here, not by aiohttp's readline, so
+that one event may be as large as :data:`MAX_EVENT_BYTES` without the read buffer growing for
+every connection. Each event is decoded once (:func:`~vwserver.proxy.filtering.filter_event`) and
+a matching event is written as the exact bytes the upstream sent. All events decoded from one
+upstream read are written with one ``write``, which also awaits the client's drain: a slow client
+therefore slows down the upstream read (TCP backpressure) instead of growing a buffer.
+
+The server runs with ``handler_cancellation=True``, so a client that disconnects cancels this
+handler at its next ``await``, which closes the upstream connection immediately.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from vwserver.errors import BadGateway
+from vwserver.proxy.context import ProxyRequest
+from vwserver.proxy.filtering import UndecodableError, filter_event
+from vwserver.proxy.responses import relay_whole, response_headers
+from vwserver.proxy.upstream import forwarded_headers
+from vwserver.selector import Selector
+
+log = logging.getLogger(__name__)
+
+# etcd refuses values over 1.5 MiB by default and the apiserver requests over 3 MiB; an event adds
+# a little envelope. Anything longer is not a Kubernetes watch event.
+MAX_EVENT_BYTES = 4 * 2**20
+
+
+async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
+    selector = ctx.effective_selector()
+    async with ctx.upstream.request(
+        "GET",
+        ctx.upstream_url,
+        query=ctx.upstream_query(),
+        headers=forwarded_headers(ctx.request.headers),
+        read_timeout=None,  # watches are long-lived; timeoutSeconds is the upstream's business
+    ) as up:
+        if up.status != 200:
+            return await relay_whole(up)
+        response = web.StreamResponse(status=200, headers=response_headers(up))
+        await response.prepare(ctx.request)
+        buffer = bytearray()
+        try:
+            async for chunk in up.content.iter_any():
+                buffer += chunk
+                out, consumed = frame_events(buffer, selector=selector)
+                if consumed:
+                    del buffer[:consumed]
+                if len(buffer) > MAX_EVENT_BYTES:
+                    raise BadGateway(f"upstream watch event larger than {MAX_EVENT_BYTES} bytes")
+                if out:
+                    await response.write(out)
+        except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
+            # The stream is broken (garbage, upstream gone): end it cleanly so that the client
+            # re-watches from its last resourceVersion, as after any apiserver watch timeout.
+            log.warning("watch on %s ended: %s: %s", ctx.api.resource, type(e).__name__, e)
+    await response.write_eof()
+    return response
+
+
+def frame_events(buffer: bytearray, *, selector: Selector) -> tuple[bytes, int]:
+    """Filter every complete event in ``buffer``; returns (bytes to send, bytes consumed)."""
+    out: list[bytes] = []
+    start = 0
+    while (end := buffer.find(b"\n", start)) != -1:
+        line = bytes(buffer[start : end + 1])
+        start = end + 1
+        if line.strip():
+            verdict = filter_event(line, selector)
+            if verdict.out is not None:
+                out.append(verdict.out)
+    return b"".join(out), start
