@@ -1,0 +1,69 @@
+# The two commands a newcomer needs (README):
+#   make run    set everything up, start a local kcp, bootstrap a demo, start vwserver
+#   make test   set everything up and run every test (lint, unit, integration, kcp e2e)
+# Everything else here is a building block of those two.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup kcp run test check lint typecheck pytest unit integration e2e bench lock clean
+
+setup: $(STAMP) kcp
+
+# The virtualenv is rebuilt when the dependency lock or pyproject changes.
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	@touch $@
+
+# Builds kcp once per version into ~/.cache/vwserver (see scripts/kcp/build.sh).
+kcp:
+	@scripts/kcp/build.sh >/dev/null
+
+run: setup
+	$(BIN)/python -m vwserver.devenv.demo
+
+test: setup check pytest
+
+check: lint typecheck
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected no tests: that must fail, never pass silently.
+PYTEST = $(BIN)/python -m pytest
+define run_pytest
+	$(PYTEST) $(1); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+endef
+
+pytest: $(STAMP) kcp
+	@$(call run_pytest,-q tests)
+
+unit: $(STAMP)
+	@$(call run_pytest,-q tests/unit)
+
+integration: $(STAMP)
+	@$(call run_pytest,-q tests/integration)
+
+e2e: $(STAMP) kcp
+	@$(call run_pytest,-q tests/e2e)
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench/run.py
+
+# Refresh requirements.lock from a fresh resolve (commit the result).
+lock:
+	rm -rf /tmp/vwserver-lock && $(PYTHON) -m venv /tmp/vwserver-lock
+	/tmp/vwserver-lock/bin/pip install --quiet '.[dev]'
+	/tmp/vwserver-lock/bin/pip freeze --exclude-editable | grep -v '^vwserver' > requirements.lock
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,146 @@
+"""What may leave the proxy, object by object and event by event (vwserver.proxy.filtering)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vwserver.proxy.filtering import (
+    LIST_FOOTER,
+    UndecodableError,
+    decode_page,
+    filter_event,
+    list_header,
+)
+from vwserver.selector import Selector
+
+PROD = Selector.parse("env=prod")
+
+
+def widget(name: str, env: str, **extra: object) -> dict[str, object]:
+    return {
+        "apiVersion": "example.io/v1alpha1",
+        "kind": "Widget",
+        "metadata": {
+            "name": name,
+            "namespace": "ns1",
+            "uid": f"uid-{name}",
+            "resourceVersion": "42",
+            "labels": {"env": env},
+            "annotations": {"kcp.io/cluster": "c1", "secret-ish": "do not leak"},
+        },
+        "spec": {"size": 3, "password": "hunter2"},
+        **extra,
+    }
+
+
+def event(kind: str, obj: dict[str, object]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("kind", ["ADDED", "MODIFIED", "DELETED"])
+def test_matching_events_pass_as_original_bytes(kind: str) -> None:
+    line = event(kind, widget("a", "prod"))
+    verdict = filter_event(line, PROD)
+    assert verdict.out is line  # the very same bytes, not a re-encoding
+
+
+def test_non_matching_added_is_dropped() -> None:
+    assert filter_event(event("ADDED", widget("a", "dev")), PROD).out is None
+
+
+@pytest.mark.parametrize("kind", ["MODIFIED", "DELETED"])
+def test_non_matching_modified_or_deleted_becomes_minimal_deleted(kind: str) -> None:
+    verdict = filter_event(event(kind, widget("a", "dev")), PROD)
+    assert verdict.synthesized
+    assert verdict.out is not None
+    out = json.loads(verdict.out)
+    assert out == {
+        "type": "DELETED",
+        "object": {
+            "apiVersion": "example.io/v1alpha1",
+            "kind": "Widget",
+            "metadata": {
+                "name": "a",
+                "namespace": "ns1",
+                "uid": "uid-a",
+                "resourceVersion": "42",
+                "annotations": {"kcp.io/cluster": "c1"},
+            },
+        },
+    }
+    assert b"hunter2" not in verdict.out and b"dev" not in verdict.out
+
+
+def test_bookmarks_and_errors_pass_unchanged() -> None:
+    bookmark = event(
+        "BOOKMARK",
+        {
+            "kind": "Widget",
+            "apiVersion": "example.io/v1alpha1",
+            "metadata": {
+                "resourceVersion": "99",
+                "annotations": {"k8s.io/initial-events-end": "true"},
+            },
+        },
+    )
+    assert filter_event(bookmark, PROD).out is bookmark
+    error = event("ERROR", {"kind": "Status", "apiVersion": "v1", "code": 410, "reason": "Expired"})
+    assert filter_event(error, PROD).out is error
+
+
+@pytest.mark.parametrize(
+    "line", [b"not json\n", b'{"type":"ADDED"}\n', b'{"type":"WAT","object":{}}\n']
+)
+def test_garbage_events_raise(line: bytes) -> None:
+    with pytest.raises(UndecodableError):
+        filter_event(line, PROD)
+
+
+def test_page_filtering_and_header() -> None:
+    body = json.dumps(
+        {
+            "apiVersion": "example.io/v1alpha1",
+            "kind": "WidgetList",
+            "metadata": {"resourceVersion": "7", "continue": "tok", "remainingItemCount": 5},
+            "items": [widget("a", "prod"), widget("b", "dev"), widget("c", "prod")],
+        }
+    ).encode()
+    page = decode_page(body)
+    visible = list(page.visible(PROD))
+    assert [json.loads(v)["metadata"]["name"] for v in visible] == ["a", "c"]
+    out = list_header(page, resource_version="7", continue_token="") + b",".join(visible)
+    doc = json.loads(out + LIST_FOOTER)
+    assert doc["metadata"] == {"resourceVersion": "7"}
+    assert doc["kind"] == "WidgetList"
+    assert len(doc["items"]) == 2
+
+
+def test_table_rows_need_a_matching_object() -> None:
+    body = json.dumps(
+        {
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "Table",
+            "metadata": {"resourceVersion": "7"},
+            "columnDefinitions": [{"name": "Name", "type": "string"}],
+            "rows": [
+                {"cells": ["a"], "object": widget("a", "prod")},
+                {"cells": ["b"], "object": widget("b", "dev")},
+                {"cells": ["c"]},
+            ],
+        }
+    ).encode()
+    page = decode_page(body)
+    assert page.is_table
+    visible = [json.loads(v)["cells"][0] for v in page.visible(PROD)]
+    assert visible == ["a"]
+    header = list_header(page, resource_version="7", continue_token="c")
+    doc = json.loads(header + b"]}")
+    assert doc["columnDefinitions"] == [{"name": "Name", "type": "string"}]
+    assert doc["metadata"] == {"resourceVersion": "7", "continue": "c"}
+
+
+def test_non_list_is_rejected() -> None:
+    with pytest.raises(UndecodableError):
+        decode_page(json.dumps(widget("a", "prod")).encode())
