@@ -129,7 +129,9 @@ def slice_selector(slice_: SliceConfig, *, field: str) -> Selector:
     try:
         selector = Selector.from_label_selector(slice_.selector or {}, field=f"{field}.selector")
     except SelectorError as e:
-        raise ConfigError(f"{field}.selector", e.message) from e
+        # The message starts with the exact field path ("$.slices[0].selector.matchLabels: ...").
+        where, _, problem = e.message.partition(": ")
+        raise ConfigError(where, problem) from e
     if selector.is_empty and not slice_.allow_empty_selector:
         raise ConfigError(
             f"{field}.selector",

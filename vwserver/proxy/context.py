@@ -51,7 +51,7 @@ class ProxyRequest:
             try:
                 selector = selector & Selector.parse(text)
             except SelectorError as e:
-                raise BadRequest(f"invalid labelSelector: {e.message}") from e
+                raise BadRequest(e.message) from e  # the message names labelSelector
         return selector
 
     def upstream_query(

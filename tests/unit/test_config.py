@@ -1,0 +1,113 @@
+"""Configuration validation: every bad field is named (vwserver.config, vwserver.cli)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vwserver.cli import main
+from vwserver.config import load_config
+from vwserver.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    (tmp_path / "kcp.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def good() -> dict[str, Any]:
+    return {
+        "insecureServing": True,
+        "upstream": {"kubeconfig": "kcp.kubeconfig"},
+        "slices": [
+            {
+                "cluster": "abc123",
+                "name": "prod",
+                "export": {"cluster": "exp456", "name": "widgets.example.io"},
+                "selector": {"matchLabels": {"env": "prod"}},
+            }
+        ],
+    }
+
+
+def test_good_config_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, good()))
+    assert config.slices[0].name == "prod"
+    assert config.listen.port == 8443
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "problem"),
+    [
+        (lambda d: d["slices"][0].update(cluster="root:org"), "$.slices[0].cluster", "logical"),
+        (lambda d: d["slices"][0].update(name="Bad_Name"), "$.slices[0].name", "valid"),
+        (lambda d: d["slices"][0].update(selector={}), "$.slices[0].selector", "empty selector"),
+        (
+            lambda d: d["slices"][0].update(
+                selector={"matchExpressions": [{"key": "a", "operator": "Foo"}]}
+            ),
+            "$.slices[0].selector.matchExpressions[0].operator",
+            "unsupported operator",
+        ),
+        (
+            lambda d: d["slices"][0].update(selector={"matchLabels": {"a": "x" * 64}}),
+            "$.slices[0].selector.matchLabels",
+            "63",
+        ),
+        (lambda d: d["slices"][0].pop("export"), "$.slices[0]", "export"),
+        (lambda d: d.update(listen={"port": "http"}), "$.listen.port", "Expected `int`"),
+        (lambda d: d.update(listen={"port": 70000}), "$.listen.port", "not a TCP port"),
+        (lambda d: d.update(lisen={"port": 1}), "lisen", "unknown field"),
+        (lambda d: d.pop("insecureServing"), "$.tls", "required"),
+        (lambda d: d.update(upstream={}), "$.upstream", "either"),
+        (lambda d: d.update(upstream={"kubeconfig": "nope"}), "$.upstream.kubeconfig", "exist"),
+        (lambda d: d["slices"].append(d["slices"][0]), "$.slices[1]", "duplicate"),
+    ],
+)
+def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: str) -> None:
+    doc = good()
+    mutate(doc)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, doc))
+    assert field in str(info.value)
+    assert problem.lower() in str(info.value).lower()
+
+
+def test_empty_selector_allowed_explicitly(tmp_path: Path) -> None:
+    doc = good()
+    doc["slices"][0].update(selector={}, allowEmptySelector=True)
+    assert load_config(write(tmp_path, doc)).slices[0].allow_empty_selector
+
+
+def test_cli_reports_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = good()
+    doc["slices"][0]["cluster"] = "Not/Valid"
+    assert main(["check-config", "--config", str(write(tmp_path, doc))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vwserver: invalid configuration: $.slices[0].cluster")
+    assert "\n" not in err
+
+
+def test_cli_help_and_example_config() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "vwserver.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "serve" in out.stdout
+    # The shipped example parses (its files do not exist here, so only the schema is checked).
+    raw = yaml.safe_load((REPO / "config" / "example.yaml").read_text())
+    import msgspec
+
+    from vwserver.config import Config
+
+    msgspec.convert(raw, Config)
