@@ -38,7 +38,7 @@ def build_app(*, routes: Routes, upstream: UpstreamClient, page_size: int = 500)
     handler = ProxyHandler(routes=routes, upstream=upstream, page_size=page_size)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, _ok)
-    app.router.add_route("*", PREFIX + "{tail:.*}", handler)
+    app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.cleanup_ctx.append(_upstream_lifecycle)
     return app
 

@@ -16,6 +16,8 @@ def test_split_slice_path() -> None:
     assert not p.wildcard
     w = split_slice_path(PREFIX + "abc123/prod/clusters/*/api")
     assert w is not None and w.wildcard and w.api_path == "/api"
+    # client-go sends the wildcard percent-encoded
+    assert split_slice_path(PREFIX + "abc123/prod/clusters/%2A/api") == w
 
 
 def test_not_below_prefix() -> None:

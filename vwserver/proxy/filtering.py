@@ -102,9 +102,7 @@ def decode_page(body: bytes) -> Page:
                 resource_version=table.metadata.resourceVersion,
                 continue_token=table.metadata.continue_,
                 remaining_item_count=table.metadata.remainingItemCount,
-                column_definitions=bytes(table.columnDefinitions)
-                if table.columnDefinitions is not None
-                else None,
+                column_definitions=bytes(table.columnDefinitions),
                 entries=table.rows or [],
             )
         page = _list_decoder.decode(body)

@@ -45,7 +45,7 @@ class ProxyHandler:
         self._upstream = upstream
         self._page_size = page_size
 
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._serve(request)
         except RequestError as e:

@@ -89,6 +89,9 @@ def split_slice_path(raw_path: str) -> SlicePath | None:
     """
     if not raw_path.startswith(PREFIX):
         return None
+    # client-go escapes the wildcard cluster as "%2A" (Go's url.PathEscape); it is the one
+    # percent-encoding a valid path needs.
+    raw_path = raw_path.replace("%2A", "*").replace("%2a", "*")
     rest = raw_path[len(PREFIX) :]
     _check_raw(raw_path)
     parts = rest.split("/", 4)

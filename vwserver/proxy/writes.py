@@ -212,13 +212,17 @@ async def _lost_race(
 
 
 async def _stored(ctx: ProxyRequest) -> ObjectHead | web.StreamResponse | None:
-    """The stored object's head if it exists *and* is in the slice; the NotFound response if
-    not (missing and invisible look the same); an upstream error response as is."""
+    """The stored object's head if it exists and is in the slice; None if it does not exist;
+    the NotFound response if it exists outside the slice; an upstream error response as is.
+
+    Callers answer "missing" with the same NotFound, except server-side apply, for which a
+    missing object is a create.
+    """
     async with ctx.upstream.request(
         "GET", ctx.object_url, headers=CIMultiDict({"Accept": "application/json"})
     ) as up:
         if up.status == 404:
-            return ctx.not_found()
+            return None
         if up.status != 200:
             return await relay_whole(up)
         body = await read_body(up)
@@ -273,11 +277,19 @@ def _label_for_create(body: dict[str, Any], selector: Selector) -> None:
 
 
 def _invalid(ctx: ProxyRequest, violations: list[Requirement], *, message: str) -> Invalid:
+    # kubectl prints the causes rather than the message when there are any: say it there too.
     details: dict[str, object] = {
         "name": ctx.api.name,
         "group": ctx.api.group,
         "kind": ctx.api.resource,
-        "causes": [_cause(r.key, f"must satisfy {r.render()}") for r in violations],
+        "causes": [
+            _cause(
+                r.key,
+                f"must satisfy {r.render()}: the change would move the object out of "
+                f"the slice {ctx.route.cluster}/{ctx.route.name}",
+            )
+            for r in violations
+        ],
     }
     return Invalid(message, details=details)
 

@@ -1,0 +1,224 @@
+"""Benchmarks: vwserver against a direct call to the same upstream, in the same run.
+
+Timed numbers on a shared 2-core machine move around, so every result is a *ratio* against the
+direct call made in the same run, from the median of several repetitions, and nothing here is a
+test assertion. Upstream, proxy and client are separate processes (as in production), so each has
+its own core time and the proxy's peak RSS can be read from /proc.
+
+    python scripts/bench/run.py                 # all: LIST 10k, watch 20k events, RSS 10k vs 100k
+    python scripts/bench/run.py --only list --objects 10000 --repeat 7
+
+Targets (issue #2): filtered LIST ≤ 1.1× direct; filtered watch throughput ≥ 50 % of direct;
+proxy peak RSS for a 100k-object LIST ≤ 1.3× that for 10k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[2]
+SLICE_CLUSTER = "benchslice"
+EXPORT_CLUSTER = "exportid"
+EXPORT_NAME = "widgets.example.io"
+API = "/apis/example.io/v1alpha1/widgets"
+SELECTOR = "env=prod"  # half of the fake's objects
+WATCH_PARAMS = {
+    "watch": "1",
+    "sendInitialEvents": "true",
+    "resourceVersionMatch": "NotOlderThan",
+    "allowWatchBookmarks": "true",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def wait_http(url: str, *, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url) as r:
+                    if r.status < 500:
+                        return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not come up in {timeout}s")
+            await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def process(args: list[str], *, ready_url: str) -> AsyncIterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await wait_http(ready_url)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def fake_upstream(objects: int) -> AsyncIterator[str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "vwserver.testing.fake_upstream"]
+    args += ["--port", str(port), "--objects", str(objects)]
+    async with process(args, ready_url=base + "/healthz"):
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def proxy(upstream: str, *, page_size: int) -> AsyncIterator[tuple[str, int]]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(
+            f"""
+listen: {{host: 127.0.0.1, port: {port}}}
+insecureServing: true
+upstream: {{server: "{upstream}", token: bench}}
+listPageSize: {page_size}
+logLevel: warning
+slices:
+  - cluster: {SLICE_CLUSTER}
+    name: prod
+    export: {{cluster: {EXPORT_CLUSTER}, name: {EXPORT_NAME}}}
+    selector: {{matchLabels: {{env: prod}}}}
+"""
+        )
+        base = f"http://127.0.0.1:{port}"
+        args = [sys.executable, "-m", "vwserver.cli", "serve", "--config", str(config)]
+        async with process(args, ready_url=base + "/readyz") as proc:
+            yield base, proc.pid
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, int]:
+    times, count = [], 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        count = await fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), count
+
+
+async def list_once(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
+    async with session.get(url, params=params) as r:
+        assert r.status == 200, r.status
+        body = await r.read()
+    return body.count(b'"kind":"Widget"')
+
+
+async def watch_once(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
+    events = 0
+    async with session.get(url, params=params) as r:
+        assert r.status == 200, r.status
+        buffer = b""
+        async for chunk in r.content.iter_any():
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.startswith(b'{"type":"BOOKMARK"') and b"initial-events-end" in line:
+                    return events
+                events += 1
+    return events
+
+
+def report(name: str, direct: float, proxied: float, count: int, target: str) -> None:
+    print(
+        f"{name:<34} direct {direct * 1000:8.1f} ms   proxy {proxied * 1000:8.1f} ms   "
+        f"ratio {proxied / direct:5.2f}   ({count} objects; target {target})"
+    )
+
+
+async def bench_list(objects: int, repeat: int, page_size: int) -> None:
+    async with fake_upstream(objects) as up, proxy(up, page_size=page_size) as (px, pid):
+        direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
+        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
+        async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as s:
+            await list_once(s, direct_url, {"labelSelector": SELECTOR})  # warm up both
+            await list_once(s, proxy_url, {})
+            direct, n1 = await timed(
+                lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
+            )
+            proxied, n2 = await timed(lambda: list_once(s, proxy_url, {}), repeat)
+        assert n1 == n2, (n1, n2)
+        report(f"LIST {objects} objects (½ match)", direct, proxied, n2, "≤ 1.10")
+        print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
+
+
+async def bench_watch(events: int, repeat: int) -> None:
+    async with fake_upstream(events * 2) as up, proxy(up, page_size=500) as (px, _):
+        direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
+        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
+        async with aiohttp.ClientSession() as s:
+            direct_params = {**WATCH_PARAMS, "labelSelector": SELECTOR}
+            direct, n1 = await timed(lambda: watch_once(s, direct_url, direct_params), repeat)
+            proxied, n2 = await timed(lambda: watch_once(s, proxy_url, WATCH_PARAMS), repeat)
+        assert n1 == n2, (n1, n2)
+        print(
+            f"{f'WATCH {n2} events':<34} direct {n1 / direct:8.0f} ev/s proxy {n2 / proxied:8.0f} "
+            f"ev/s  throughput {direct / proxied:5.0%} of direct (target ≥ 50 %)"
+        )
+
+
+async def bench_rss(small: int, large: int, page_size: int) -> None:
+    peaks = {}
+    for n in (small, large):
+        async with fake_upstream(n) as up, proxy(up, page_size=page_size) as (px, pid):
+            url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
+            async with aiohttp.ClientSession() as s:
+                count = await list_once(s, url, {})
+            peaks[n] = peak_rss_mib(pid)
+            print(f"{f'LIST {n} objects':<34} proxy peak RSS {peaks[n]:7.1f} MiB ({count} items)")
+    print(f"{'RSS ratio':<34} {peaks[large] / peaks[small]:.2f} (target ≤ 1.30)")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["list", "watch", "rss"])
+    parser.add_argument("--objects", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--page-size", type=int, default=500)
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+    print(f"vwserver benchmarks — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    if args.only in (None, "list"):
+        await bench_list(args.objects, args.repeat, args.page_size)
+    if args.only in (None, "watch"):
+        await bench_watch(args.events, args.repeat)
+    if args.only in (None, "rss"):
+        await bench_rss(args.objects, args.objects * 10, args.page_size)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
