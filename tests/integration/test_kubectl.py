@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,9 +66,9 @@ def kubeconfig(path: Path, server: str) -> Path:
 
 
 @pytest.fixture
-async def kubectl(env: Env, tmp_path: Path) -> AsyncIterator[tuple[Kubectl, Kubectl]]:
+def kubectl(env: Env, tmp_path: Path) -> tuple[Kubectl, Kubectl]:
     """(wildcard client, client on logical cluster c1) of the env=prod slice."""
-    yield (
+    return (
         Kubectl(kubeconfig(tmp_path / "all", env.slice_url("prod", "*")), tmp_path / "cache-all"),
         Kubectl(kubeconfig(tmp_path / "c1", env.slice_url("prod", "c1")), tmp_path / "cache-c1"),
     )
