@@ -81,7 +81,7 @@ class SliceConfig(_Strict):
     allow_empty_selector: bool = False
     export: ExportRef | None = None
     # Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard).
-    upstream_url: str | None = None
+    upstream_url: str | None = msgspec.field(default=None, name="upstreamURL")
 
 
 class Config(_Strict):
@@ -90,7 +90,7 @@ class Config(_Strict):
     # Plain HTTP without TLS. For local development only; `serve` refuses to start without TLS
     # unless this is set.
     insecure_serving: bool = False
-    external_url: str | None = None
+    external_url: str | None = msgspec.field(default=None, name="externalURL")
     upstream: Upstream = msgspec.field(default_factory=Upstream)
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
     list_page_size: int = 500

@@ -9,14 +9,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
+from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from vwserver.testing.serve import serve_app
 
 SLICE_CLUSTER = "slicews"
 CLUSTERS = ("c1", "c2")
@@ -86,15 +86,6 @@ def routes_for(upstream_url: str) -> RouteTable:
     )
 
 
-async def start_proxy(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     async with start_fake_upstream(FakeUpstream(bookmark_interval=0.2, history_size=20)) as (
@@ -116,9 +107,8 @@ async def env() -> AsyncIterator[Env]:
             upstream=UpstreamClient(auth=ClientAuth(server=origin, token=PROXY_TOKEN)),
             page_size=2,
         )
-        runner, proxy = await start_proxy(app)
-        try:
-            async with aiohttp.ClientSession(read_bufsize=2**23) as session:
-                yield Env(fake, vw_url, proxy, session, routes)
-        finally:
-            await runner.cleanup()
+        async with (
+            serve_app(app) as proxy,
+            aiohttp.ClientSession(read_bufsize=2**23) as session,
+        ):
+            yield Env(fake, vw_url, proxy, session, routes)

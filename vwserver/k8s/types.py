@@ -50,7 +50,7 @@ class TablePage(msgspec.Struct):
     apiVersion: str = ""
     kind: str = ""
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    columnDefinitions: msgspec.Raw | None = None
+    columnDefinitions: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"[]"))
     rows: list[msgspec.Raw] | None = None
 
 

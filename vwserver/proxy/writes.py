@@ -75,9 +75,10 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
             headers=_json_headers(ctx),
             data=_encoder.encode(send),
         ) as up:
-            if up.status == 409 and injected:
-                continue
-            return await relay_whole(up)
+            response = await relay_whole(up)
+        if injected and await _lost_race(ctx, response.status, "", stored):
+            continue
+        return response
     raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
 
 
@@ -154,9 +155,10 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
             headers=_json_headers(ctx),
             data=_encoder.encode(send),
         ) as up:
-            if up.status == 409 and injected:
-                continue
-            return await relay_whole(up)
+            response = await relay_whole(up)
+        if injected and await _lost_race(ctx, response.status, "", stored):
+            continue
+        return response
     raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
 
 
@@ -197,13 +199,12 @@ async def _lost_race(
 ) -> bool:
     """Whether an upstream answer means the proxy's own precondition failed.
 
-    A failed resourceVersion precondition is 409 Conflict. In a JSON patch it is a failed
-    ``test`` operation, which the apiserver's patch handler answers with 422 — as it answers any
-    other invalid JSON patch, so there the stored object is read again to tell the two apart.
+    A failed resourceVersion precondition is 409 Conflict, but so is a server-side-apply field
+    conflict; in a JSON patch it is a failed ``test`` operation, which the apiserver's patch
+    handler answers with 422 like any other invalid JSON patch. So the stored object is read
+    again: only if it changed did the proxy's own precondition fail.
     """
-    if status == 409:
-        return True
-    if status == 422 and content_type == JSON_PATCH and stored is not None:
+    if (status == 409 or (status == 422 and content_type == JSON_PATCH)) and stored is not None:
         now = await _stored(ctx)
         return not isinstance(now, ObjectHead) or (
             now.metadata.resourceVersion != stored.metadata.resourceVersion
