@@ -54,10 +54,30 @@ class TablePage(msgspec.Struct):
     rows: list[msgspec.Raw] | None = None
 
 
-class TableRowHead(msgspec.Struct):
-    """A Table row: only the embedded object's head matters (``rows[].object.metadata``)."""
+class _Labels(msgspec.Struct):
+    labels: dict[str, str] | None = None
 
-    object: ObjectHead | None = None
+
+class LabelsOnly(msgspec.Struct):
+    """Just ``metadata.labels`` of an object; everything else is skipped while decoding."""
+
+    metadata: _Labels = msgspec.field(default_factory=_Labels)
+
+
+class ListLabels(msgspec.Struct):
+    """The labels of every item of a list page, decoded in one pass over the page."""
+
+    items: list[LabelsOnly] | None = None
+
+
+class _RowLabels(msgspec.Struct):
+    object: LabelsOnly | None = None
+
+
+class TableLabels(msgspec.Struct):
+    """The labels of the object embedded in every row of a Table page."""
+
+    rows: list[_RowLabels] | None = None
 
 
 class WatchEventHead(msgspec.Struct):

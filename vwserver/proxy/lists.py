@@ -17,16 +17,18 @@ response, never a short list that looks complete.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import LIST_FOOTER, Page, UndecodableError, decode_page, list_header
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
 from vwserver.proxy.upstream import forwarded_headers
-from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,10 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     if "gzip" in ctx.request.headers.get("Accept-Encoding", ""):
         response.enable_compression(web.ContentCoding.gzip)
     await response.prepare(ctx.request)
+    # Later pages must not repeat resourceVersion(Match): the apiserver refuses them together
+    # with a continue token.
+    later = [(k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")]
+    following: asyncio.Task[Page] | None = None
     try:
         await response.write(
             list_header(
@@ -57,32 +63,44 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 continue_token=page.continue_token if client_pages else "",
             )
         )
-        first = await _write_page(response, page, selector=selector, first=True)
-        if not client_pages:
-            # Later pages must not repeat resourceVersion(Match): the apiserver refuses them
-            # together with a continue token.
-            base = [
-                (k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")
-            ]
-            while page.continue_token:
-                async with ctx.upstream.request(
-                    "GET",
-                    ctx.upstream_url,
-                    query=[*base, ("continue", page.continue_token)],
-                    headers=headers,
-                ) as up:
-                    if up.status != 200:
-                        # e.g. 410 when the snapshot expired mid-list: the client must relist.
-                        raise BadGateway(f"upstream answered {up.status} for a later list page")
-                    page = _decode(await read_body(up))
-                first = await _write_page(response, page, selector=selector, first=first)
+        first = True
+        while True:
+            if page.continue_token and not client_pages:
+                # Fetch the next page while this one is filtered and written: the upstream's
+                # work overlaps the proxy's, and at most two pages are held at once.
+                following = asyncio.ensure_future(
+                    _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
+                )
+            visible = page.visible(selector)
+            if visible:
+                chunk = b",".join(visible)
+                await response.write(chunk if first else b"," + chunk)
+                first = False
+            if following is None:
+                break
+            page, following = await following, None
         await response.write(LIST_FOOTER)
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
         log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
         _abort(ctx.request)
         return response
+    finally:
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
     await response.write_eof()
     return response
+
+
+async def _fetch(
+    ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> Page:
+    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
+        if up.status != 200:
+            # e.g. 410 when the snapshot expired mid-list: the client must relist.
+            raise BadGateway(f"upstream answered {up.status} for a later list page")
+        return _decode(await read_body(up))
 
 
 def _decode(body: bytes) -> Page:
@@ -90,18 +108,6 @@ def _decode(body: bytes) -> Page:
         return decode_page(body)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable list: {e}") from e
-
-
-async def _write_page(
-    response: web.StreamResponse, page: Page, *, selector: Selector, first: bool
-) -> bool:
-    """Write the page's visible entries; returns whether nothing has been written yet."""
-    visible = list(page.visible(selector))
-    if not visible:
-        return first
-    chunk = b",".join(visible)
-    await response.write(chunk if first else b"," + chunk)
-    return False
 
 
 def _abort(request: web.Request) -> None:
