@@ -80,6 +80,13 @@ class TableLabels(msgspec.Struct):
     rows: list[_RowLabels] | None = None
 
 
+class WatchEventLabels(msgspec.Struct):
+    """A watch event's type and its object's labels: all the hot path of a watch decodes."""
+
+    type: str
+    object: LabelsOnly
+
+
 class WatchEventHead(msgspec.Struct):
     """A watch event: its type decoded, its object kept as raw bytes."""
 
