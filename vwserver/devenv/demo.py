@@ -1,0 +1,203 @@
+"""``make run``: a local kcp, the demo world, and vwserver in front of it, until Ctrl-C.
+
+The point is to *see* vwserver work in one command: two slices of the demo export (``prod``:
+env=prod, ``dev``: env=dev), served over TLS with a throwaway CA, a kubeconfig per slice
+endpoint, and copy-pasteable kubectl and curl lines. vwserver runs as the real ``vwserver serve``
+process with a generated config file, exactly as a user would run it; everything the demo
+writes goes to ``.run/`` in the repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver,
+then kcp, and removes kcp's temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import trustme
+import yaml
+
+from vwserver.devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, bootstrap
+from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+
+REPO = Path(__file__).resolve().parents[2]
+SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
+
+
+def _port(preferred: int) -> int:
+    """``preferred`` if it is free on loopback, else any free port."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_files(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, port: int) -> str:
+    """TLS material, vwserver's config and one kubeconfig per slice; returns the base URL."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(run_dir / "ca.crt"))
+    cert.private_key_pem.write_to_path(str(run_dir / "tls.key"))
+    cert.cert_chain_pems[0].write_to_path(str(run_dir / "tls.crt"))
+    base = f"https://127.0.0.1:{port}"
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "tls": {"certFile": "tls.crt", "keyFile": "tls.key"},
+        "externalURL": base,
+        # vwserver's own identity towards kcp: the demo uses kcp-admin.
+        "upstream": {"kubeconfig": str(kcp.kubeconfig), "context": kcp.admin_context},
+        "slices": [
+            {
+                "cluster": world.provider.cluster,
+                "name": name,
+                "upstreamURL": world.vw_url,
+                "selector": {"matchLabels": labels},
+            }
+            for name, labels in SLICES.items()
+        ],
+    }
+    (run_dir / "vwserver.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    for name in SLICES:
+        endpoint = slice_url(base, world, name)
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": f"vwserver-{name}",
+                    "cluster": {
+                        "server": f"{endpoint}/clusters/*",
+                        "certificate-authority": str(run_dir / "ca.crt"),
+                    },
+                }
+            ],
+            # vwserver does not authenticate callers yet (issue #5); any token is accepted.
+            "users": [{"name": "demo", "user": {"token": "demo"}}],
+            "contexts": [
+                {"name": name, "context": {"cluster": f"vwserver-{name}", "user": "demo"}}
+            ],
+            "current-context": name,
+        }
+        (run_dir / f"{name}.kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    return base
+
+
+def slice_url(base: str, world: Bootstrap, name: str) -> str:
+    return f"{base}/services/filtered-apiexport/{world.provider.cluster}/{name}"
+
+
+def instructions(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, base: str) -> str:
+    rel = os.path.relpath(run_dir, Path.cwd())
+    a = world.consumer("consumer-a")
+    widget = next(w for w in world.widgets if w.cluster == a.cluster and w.labels["env"] == "prod")
+    prod = slice_url(base, world, "prod")
+    admin = f"kubectl --kubeconfig {shlex.quote(str(kcp.kubeconfig))} --server {a.url}"
+    lines = [
+        "",
+        f"vwserver is serving 2 slices of {world.export_name} at {base} (TLS, CA {rel}/ca.crt)",
+        "",
+        "# every prod widget in every consumer workspace (the wildcard endpoint):",
+        f"kubectl --kubeconfig {rel}/prod.kubeconfig get widgets -A",
+        f"kubectl --kubeconfig {rel}/dev.kubeconfig get widgets -A",
+        "",
+        f"# one consumer workspace ({a.path}, logical cluster {a.cluster}):",
+        f"kubectl --kubeconfig {rel}/prod.kubeconfig --server '{prod}/clusters/{a.cluster}' "
+        "get widgets -A",
+        "",
+        "# watch the prod slice, then move a widget out of it and back (second shell):",
+        f"kubectl --kubeconfig {rel}/prod.kubeconfig get widgets -A -w --output-watch-events",
+        f"{admin} label widget {widget.name} -n {widget.namespace} env=dev --overwrite",
+        f"{admin} label widget {widget.name} -n {widget.namespace} env=prod --overwrite",
+        "",
+        "# the same with curl:",
+        f"curl --cacert {rel}/ca.crt '{prod}/clusters/*/apis/{world.group}/{world.version}/"
+        f"{world.resource}'",
+        "",
+        f"vwserver config: {rel}/vwserver.yaml   kcp admin kubeconfig: {kcp.kubeconfig}",
+        "Ctrl-C stops vwserver and kcp.",
+    ]
+    return "\n".join(lines)
+
+
+async def run(*, run_dir: Path, port: int) -> None:
+    binary = await asyncio.to_thread(build_kcp)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
+        print(f"kcp ready at {kcp.url} after {kcp.ready_seconds:.1f}s; bootstrapping the demo")
+        world = await bootstrap(kcp)
+        print(world.describe())
+        base = write_files(run_dir, kcp=kcp, world=world, port=port)
+        server = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vwserver.cli",
+            "serve",
+            "--config",
+            str(run_dir / "vwserver.yaml"),
+        )
+        try:
+            await _wait_ready(base, ca=run_dir / "ca.crt", server=server)
+            print(instructions(run_dir, kcp=kcp, world=world, base=base), flush=True)
+            waiter = asyncio.ensure_future(server.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if waiter.done():
+                raise KcpError(f"vwserver exited with code {server.returncode}")
+        finally:
+            if server.returncode is None:
+                server.terminate()
+                try:
+                    await asyncio.wait_for(server.wait(), 10)
+                except TimeoutError:
+                    server.kill()
+                    await server.wait()
+        print("stopping kcp")
+
+
+async def _wait_ready(base: str, *, ca: Path, server: asyncio.subprocess.Process) -> None:
+    import ssl
+
+    import aiohttp
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+        for _ in range(100):
+            if server.returncode is not None:
+                raise KcpError(f"vwserver exited with code {server.returncode}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{base}/readyz") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise KcpError("vwserver did not become ready within 10s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vwserver.devenv.demo", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, default=REPO / ".run")
+    parser.add_argument("--port", type=int, default=8443, help="vwserver port (if free)")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(run(run_dir=args.run_dir, port=_port(args.port)))
+    except KcpError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
