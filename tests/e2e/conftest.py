@@ -99,9 +99,7 @@ async def kcp(
         async with _kcp_container(image, workdir=tmp_path_factory.mktemp("kcp-container")) as inst:
             yield inst
         return
-    binary = request.config.stash.get(_BINARY_KEY, "kcp binary lookup did not run")
-    if isinstance(binary, str):
-        _unavailable(binary)
+    binary: Path = request.getfixturevalue("kcp_binary")
     # root_dir under pytest's basetemp: kept after the run (pytest prunes old runs), with kcp.log.
     async with start_kcp(
         binary=binary,
@@ -110,6 +108,17 @@ async def kcp(
     ) as instance:
         _report(request.config, f"kcp {instance.url} ready after {instance.ready_seconds:.1f}s")
         yield instance
+
+
+@pytest.fixture(scope="session")
+def kcp_binary(request: pytest.FixtureRequest) -> Path:
+    """The local kcp binary (tests of vwserver.devenv's process handling need one)."""
+    if os.environ.get("KCP_KUBECONFIG") or os.environ.get("KCP_IMAGE"):
+        pytest.skip("KCP_KUBECONFIG/KCP_IMAGE: no local kcp binary in use")
+    binary = request.config.stash.get(_BINARY_KEY, "kcp binary lookup did not run")
+    if isinstance(binary, str):
+        _unavailable(binary)
+    return binary
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

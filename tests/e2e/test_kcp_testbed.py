@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from vwserver.devenv.bootstrap import Bootstrap, SampleWidget, Workspace
-from vwserver.devenv.kcp import KcpInstance
+from vwserver.devenv.kcp import KcpError, KcpInstance, start_kcp
 
 Observe = Callable[[str], None]
 
@@ -420,3 +422,49 @@ def test_vwserver_not_found_matches_kcp() -> None:
     from vwserver.k8s.status import not_found
 
     assert not_found(resource="widgets", group="example.io", name="nope") == NOT_FOUND_BODY
+
+
+# --------------------------------------------------------------------------------------------
+# vwserver.devenv's own failure handling (needs the local binary, not the shared instance)
+
+
+def kcp_processes_using(root_dir: Path) -> list[int]:
+    """PIDs whose command line mentions ``root_dir`` (Linux /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(root_dir).encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+    return pids
+
+
+def temp_kcp_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("vwserver-kcp-*"))
+
+
+async def test_start_kcp_reports_early_exit_with_log(kcp_binary: Path) -> None:
+    """kcp that exits at once (a bad flag) is reported with its exit code and log tail, and the
+    temporary root directory is removed."""
+    before = temp_kcp_dirs()
+    with pytest.raises(KcpError) as failure:
+        async with start_kcp(binary=kcp_binary, extra_args=["--no-such-flag"], ready_timeout=60):
+            pytest.fail("kcp started despite a bad flag")
+    message = str(failure.value)
+    assert "exited with code 1 before it was ready" in message
+    assert "unknown flag: --no-such-flag" in message
+    assert "--- last" in message
+    assert temp_kcp_dirs() - before == set()
+
+
+async def test_start_kcp_not_ready_in_time_is_killed(kcp_binary: Path, tmp_path: Path) -> None:
+    """A kcp not ready within ``ready_timeout`` is killed and the error carries its log tail; a
+    caller-provided root directory is kept (with kcp.log)."""
+    with pytest.raises(KcpError) as failure:
+        async with start_kcp(binary=kcp_binary, root_dir=tmp_path, ready_timeout=2, stop_grace=5):
+            pytest.fail("kcp was ready in 2s")
+    message = str(failure.value)
+    assert "not ready within 2s" in message
+    assert "--- last" in message and str(tmp_path / "kcp.log") in message
+    assert kcp_processes_using(tmp_path) == []
+    assert (tmp_path / "kcp.log").exists()

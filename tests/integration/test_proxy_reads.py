@@ -8,8 +8,16 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
+from aiohttp import web
 
 from tests.integration.conftest import PROXY_TOKEN, Env, widget
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Route, Routes, RouteTable
+from vwserver.selector import Selector
+from vwserver.server import build_app
+from vwserver.testing.serve import serve_app
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 PARTIAL = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
@@ -390,3 +398,55 @@ async def test_health_endpoints(env: Env) -> None:
     for path in ("/healthz", "/livez", "/readyz"):
         async with env.session.get(env.proxy_base + path) as r:
             assert r.status == 200
+
+
+async def test_undecodable_upstream_list_is_502(env: Env) -> None:
+    env.fake.faults.garbage = True
+    async with env.session.get(env.widgets(cluster="*", ns=None)) as r:
+        assert r.status == 502
+        doc = await r.json()
+        assert doc["kind"] == "Status"
+        assert "undecodable" in doc["message"]
+
+
+async def test_upstream_errors_are_relayed(env: Env) -> None:
+    env.fake.faults.status_code = 500
+    async with env.session.get(env.widgets(cluster="*", ns=None)) as r:
+        assert r.status == 500
+        assert (await r.json())["kind"] == "Status"
+
+
+async def test_list_broken_mid_stream_is_not_a_short_list() -> None:
+    """A later page failing (here: 410 Expired) must break the response, never end it as a valid
+    but shorter list. A tiny scripted upstream makes the failure deterministic."""
+    page1 = {
+        "apiVersion": "example.io/v1alpha1",
+        "kind": "WidgetList",
+        "metadata": {"resourceVersion": "5", "continue": "next"},
+        "items": [widget("a", env="prod")],
+    }
+
+    async def handler(request: web.Request) -> web.Response:
+        if "continue" not in request.query:
+            return web.json_response(page1)
+        return web.json_response({"kind": "Status", "code": 410, "reason": "Expired"}, status=410)
+
+    upstream = web.Application()
+    upstream.router.add_get("/{tail:.*}", handler)
+    async with serve_app(upstream) as up_base:
+        route = Route(
+            cluster="s", name="prod", selector=Selector.parse("env=prod"), upstream_url=up_base
+        )
+        app = build_app(
+            routes=Routes(RouteTable([route])),
+            upstream=UpstreamClient(auth=ClientAuth(server=up_base)),
+            page_size=1,
+        )
+        async with serve_app(app) as proxy, aiohttp.ClientSession() as session:
+            url = (
+                f"{proxy}/services/filtered-apiexport/s/prod/clusters/c1/apis/example.io/v1/widgets"
+            )
+            async with session.get(url) as r:
+                assert r.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
