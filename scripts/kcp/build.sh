@@ -60,11 +60,15 @@ cp compat/forwardingregistry_compat.go "$vwf_copy/pkg/forwardingregistry/zz_vwse
 cp go.mod "$out_dir/build.mod" && cp go.sum "$out_dir/build.sum"
 go mod edit -modfile="$out_dir/build.mod" \
   -replace "github.com/kcp-dev/virtual-workspace-framework=$vwf_copy"
-go build -modfile="$out_dir/build.mod" -v -trimpath -ldflags="-s -w" -o "$tmp" \
+# pipefail makes the pipeline fail when go build does; awk only thins out the progress lines.
+if ! go build -modfile="$out_dir/build.mod" -v -trimpath -ldflags="-s -w" -o "$tmp" \
   github.com/kcp-dev/kcp/cmd/kcp 2>&1 \
   | awk '/[: ]/ {print; fflush(); next}  # compiler errors pass through whole
          {n++; if (n % 50 == 0) {printf "  compiled %d packages (latest: %s)\n", n, $0; fflush()}}' >&2
-[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "kcp build failed" >&2; exit 1; }
+then
+  echo "kcp build failed (see the errors above)" >&2
+  exit 1
+fi
 mv "$tmp" "$bin"
 echo "kcp ${version}: built in $(( $(date +%s) - start ))s -> $bin" >&2
 echo "$bin"

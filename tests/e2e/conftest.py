@@ -224,9 +224,13 @@ async def _wait_readyz(instance: KcpInstance, *, within: float) -> None:
 
 def _report(config: pytest.Config, line: str) -> None:
     """A line on the terminal even when output is captured (timings are part of the record)."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    if capman is None or reporter is None:
+        print(line)
+        return
+    with capman.global_and_fixture_disabled():
+        reporter.write_line(f"\n{line}")
 
 
 @pytest.fixture

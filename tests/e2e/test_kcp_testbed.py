@@ -187,7 +187,8 @@ async def test_label_selector_watch_on_label_change(
     * dev -> prod: **ADDED** with the new content and new resourceVersion;
     * a change while prod: MODIFIED (new content, new resourceVersion);
     * DELETE while prod: DELETED with the last content; its resourceVersion is the deletion's
-      (newer than the last update).
+      (newer than the last update). The DELETE response itself is a ``Status`` (Success), not
+      the object.
 
     That is plain Kubernetes semantics: kcp's fork does not change them on the VW path.
     """
@@ -256,7 +257,8 @@ async def test_label_selector_watch_on_label_change(
                 )
 
                 deleted = await json_request(session, "DELETE", url)
-                observe(f"DELETE response: kind={deleted.get('kind')} {deleted.get('metadata')}")
+                observe(f"DELETE response: {json.dumps(deleted)}")
+                assert (deleted["kind"], deleted["status"]) == ("Status", "Success")
                 event = await next_probe_event()
                 assert event["type"] == "DELETED"
                 assert event["object"]["metadata"]["labels"]["env"] == "prod"
@@ -274,8 +276,9 @@ async def test_watch_list_ends_initial_events_with_bookmark(
 ) -> None:
     """``sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true``
     (WatchList, what recent client-go informers send) works on the VW, wildcard and per cluster:
-    one ADDED per existing object, then a BOOKMARK whose object carries only
-    ``metadata.resourceVersion`` and the annotation ``k8s.io/initial-events-end: "true"``."""
+    one ADDED per existing object, then a BOOKMARK whose object is ``apiVersion``/``kind`` plus
+    ``metadata`` with only ``resourceVersion`` and the annotation
+    ``k8s.io/initial-events-end: "true"``; its resourceVersion is at least every listed one."""
     cluster = "*" if scope == "wildcard" else world.consumers[0].cluster
     expected = sorted(
         sample_key(w) for w in world.widgets if scope == "wildcard" or w.cluster == cluster
@@ -296,7 +299,9 @@ async def test_watch_list_ends_initial_events_with_bookmark(
     observe(f"{len(added)} ADDED, then {event['type']}: {json.dumps(event['object'])}")
     assert sorted(key(o) for o in added) == expected
     assert event["type"] == "BOOKMARK"
+    assert set(event["object"]) == {"apiVersion", "kind", "metadata"}
     meta = event["object"]["metadata"]
+    assert set(meta) == {"annotations", "resourceVersion"}
     assert meta["annotations"] == {"k8s.io/initial-events-end": "true"}
     assert int(meta["resourceVersion"]) >= max(int(o["metadata"]["resourceVersion"]) for o in added)
 
