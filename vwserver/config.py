@@ -33,6 +33,10 @@ from vwserver.selector import Selector
 # kcp logical-cluster names (IDs such as "2fx3m0rnxzbs8mq9", or "root"); workspace *paths*
 # ("root:org") are not valid in virtual-workspace URLs (FIELD-NOTES: both segments are IDs).
 LOGICAL_CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A workspace path ("root:org:team") or a logical-cluster ID.
+WORKSPACE_RE = re.compile(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
 # A Kubernetes object name (DNS-1123 subdomain), as slice and export names are.
 OBJECT_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -84,6 +88,29 @@ class SliceConfig(_Strict):
     upstream_url: str | None = msgspec.field(default=None, name="upstreamURL")
 
 
+class ControllerExport(_Strict):
+    """Where vwserver's own API (the FilteredAPIExportEndpointSlice APIExport) is exported."""
+
+    path: str
+    name: str = "sync.edge-connect.eu"
+
+
+class LeaseConfig(_Strict):
+    workspace: str | None = None
+    """Workspace of the Lease (default: the controller export's workspace)."""
+    name: str = "vwserver-controller"
+    identity: str | None = None
+    """This replica's identity (default: hostname + process id)."""
+
+
+class ControllerConfig(_Strict):
+    """kcp mode: discover slices in kcp instead of (or besides) listing them here."""
+
+    export: ControllerExport
+    lease: LeaseConfig | None = None
+    resync_seconds: float = 30.0
+
+
 class Config(_Strict):
     listen: Listen = msgspec.field(default_factory=Listen)
     tls: TLS | None = None
@@ -93,6 +120,7 @@ class Config(_Strict):
     external_url: str | None = msgspec.field(default=None, name="externalURL")
     upstream: Upstream = msgspec.field(default_factory=Upstream)
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
+    controller: ControllerConfig | None = None
     list_page_size: int = 500
     log_level: str = "info"
 
@@ -151,6 +179,22 @@ def _validate(config: Config, *, base_dir: Path) -> None:
     if config.tls is not None:
         for name in ("cert_file", "key_file"):
             _require_file(getattr(config.tls, name), field=f"$.tls.{_camel(name)}", base=base_dir)
+    if config.controller is not None:
+        if config.external_url is None:
+            raise ConfigError(
+                "$.externalURL", "required with controller (it prefixes every endpoint URL)"
+            )
+        if not WORKSPACE_RE.match(config.controller.export.path):
+            raise ConfigError(
+                "$.controller.export.path",
+                f"{config.controller.export.path!r} is not a workspace path or logical cluster",
+            )
+        if config.controller.resync_seconds <= 0:
+            raise ConfigError("$.controller.resyncSeconds", "must be positive")
+    if config.external_url is not None and not config.external_url.startswith(
+        ("https://", "http://")
+    ):
+        raise ConfigError("$.externalURL", f"{config.external_url!r} is not an http(s) URL")
     if config.list_page_size < 1:
         raise ConfigError("$.listPageSize", "must be at least 1")
     if config.log_level.lower() not in {"debug", "info", "warning", "error"}:

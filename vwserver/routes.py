@@ -1,16 +1,21 @@
 """The route table: which slices this server serves, and where each one's upstream is.
 
-A :class:`RouteTable` is immutable. Whoever learns about slices (the static config today, the
-embedded controller later) builds a whole new table and hands it to :meth:`Routes.replace`; a
-request looks up its slice once, in whatever table is current when it arrives, and keeps that
-:class:`Route` for its lifetime. Swapping one reference is atomic in asyncio, so no lock is needed
-and a request never sees half an update.
+A :class:`RouteTable` is immutable. Whoever learns about slices (the static config, the embedded
+controller) builds a whole new table and hands it to :meth:`Routes.replace`; a request looks up
+its slice once, in whatever table is current when it arrives, and keeps that :class:`Route` for
+its lifetime. Swapping one reference is atomic in asyncio, so no lock is needed and a request
+never sees half an update.
+
+A route that disappears or changes in a replacement is *retired*: its ``retired`` event is set,
+and long-running requests on it (watches) end, so that a deleted slice stops serving at once and
+a moved upstream is picked up by the clients' next request (issue #4).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vwserver.selector import Selector
 
@@ -27,6 +32,16 @@ class Route:
     """APIExport virtual-workspace base URL, ``https://shard/services/apiexport/<id>/<export>``."""
     not_ready: str | None = None
     """Why the slice cannot serve yet (answered as 503); None when it is ready."""
+    shards: Mapping[str, str] = field(default_factory=dict)
+    """Upstream URL per shard id, when the export has several shard endpoints."""
+    retired: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)
+    """Set when this route is removed or replaced; open watches on it end."""
+
+    def upstream_for(self, shard: str) -> str | None:
+        """The upstream base URL for a request (``shard`` empty: the default endpoint)."""
+        if not shard:
+            return self.upstream_url
+        return self.shards.get(shard)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -64,4 +79,17 @@ class Routes:
         return self._table
 
     def replace(self, table: RouteTable) -> None:
-        self._table = table
+        """Make ``table`` current; retire every route that is gone or changed.
+
+        Unchanged routes keep their identity (the old object stays in the new table), so that
+        requests already holding them are not retired by an unrelated update.
+        """
+        kept: list[Route] = []
+        for new in table:
+            old = self._table.lookup(new.cluster, new.name)
+            kept.append(old if old is not None and old == new else new)
+        current = RouteTable(kept)
+        for old in self._table:
+            if current.lookup(old.cluster, old.name) is not old:
+                old.retired.set()
+        self._table = current

@@ -7,15 +7,21 @@ independent servers as they like (against fake or real upstreams) and ``serve`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from vwserver.config import Config, resolve, slice_selector
+from vwserver.controller.controller import ControllerSettings, SliceController
+from vwserver.controller.lease import LeaderElector
 from vwserver.errors import ConfigError
+from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
 from vwserver.proxy.handler import ProxyHandler
 from vwserver.proxy.paths import PREFIX
@@ -31,13 +37,22 @@ _UPSTREAM_KEY = web.AppKey("upstream", UpstreamClient)
 ROUTES_KEY = web.AppKey("routes", Routes)
 
 
-def build_app(*, routes: Routes, upstream: UpstreamClient, page_size: int = 500) -> web.Application:
+def build_app(
+    *,
+    routes: Routes,
+    upstream: UpstreamClient,
+    page_size: int = 500,
+    ready: Callable[[], bool] | None = None,
+) -> web.Application:
+    """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
+    list of slices); liveness never depends on kcp."""
     app = web.Application(client_max_size=MAX_REQUEST_BODY)
     app[ROUTES_KEY] = routes
     app[_UPSTREAM_KEY] = upstream
     handler = ProxyHandler(routes=routes, upstream=upstream, page_size=page_size)
-    for path in ("/healthz", "/livez", "/readyz"):
+    for path in ("/healthz", "/livez"):
         app.router.add_get(path, _ok)
+    app.router.add_get("/readyz", _readyz(ready))
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.cleanup_ctx.append(_upstream_lifecycle)
     return app
@@ -45,6 +60,15 @@ def build_app(*, routes: Routes, upstream: UpstreamClient, page_size: int = 500)
 
 async def _ok(_: web.Request) -> web.Response:
     return web.Response(text="ok")
+
+
+def _readyz(ready: Callable[[], bool] | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def readyz(_: web.Request) -> web.Response:
+        if ready is not None and not ready():
+            return web.Response(status=503, text="not ready: slices not synced yet")
+        return web.Response(text="ok")
+
+    return readyz
 
 
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -117,12 +141,61 @@ def server_ssl_context(config: Config, *, base_dir: Path) -> ssl.SSLContext | No
 
 
 async def serve(config: Config, *, base_dir: Path, stop: asyncio.Event) -> None:
-    """Run the server until ``stop`` is set."""
+    """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set."""
     auth = upstream_auth(config, base_dir=base_dir)
-    routes = Routes(static_routes(config, auth=auth))
-    app = build_app(
-        routes=routes, upstream=UpstreamClient(auth=auth), page_size=config.list_page_size
+    static = static_routes(config, auth=auth)
+    routes = Routes(static)
+    async with contextlib.AsyncExitStack() as stack:
+        controller = None
+        if config.controller is not None:
+            client = await stack.enter_async_context(KubeClient(auth=auth))
+            controller = build_controller(config, client=client, routes=routes, static=static)
+            task = asyncio.create_task(controller.run(), name="slice-controller")
+            stack.push_async_callback(_cancel, task)
+            stack.push_async_callback(controller.aclose)
+        app = build_app(
+            routes=routes,
+            upstream=UpstreamClient(auth=auth),
+            page_size=config.list_page_size,
+            ready=controller.synced.is_set if controller is not None else None,
+        )
+        await _run_site(app, config, base_dir=base_dir, stop=stop, routes=routes)
+
+
+def build_controller(
+    config: Config, *, client: KubeClient, routes: Routes, static: RouteTable
+) -> SliceController:
+    c = config.controller
+    assert c is not None
+    assert config.external_url is not None
+    leader = None
+    if c.lease is not None:
+        leader = LeaderElector(
+            client=client,
+            workspace=c.lease.workspace or c.export.path,
+            name=c.lease.name,
+            identity=c.lease.identity or f"{socket.gethostname()}-{os.getpid()}",
+        )
+    settings = ControllerSettings(
+        export_path=c.export.path,
+        export_name=c.export.name,
+        external_url=config.external_url,
+        resync=c.resync_seconds,
     )
+    return SliceController(
+        client=client, routes=routes, settings=settings, static=static, leader=leader
+    )
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _run_site(
+    app: web.Application, config: Config, *, base_dir: Path, stop: asyncio.Event, routes: Routes
+) -> None:
     # handler_cancellation: a client that goes away cancels its handler, which closes the
     # upstream request at once (issue #2 §3) instead of holding an idle watch open.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -136,8 +209,9 @@ async def serve(config: Config, *, base_dir: Path, stop: asyncio.Event) -> None:
     await site.start()
     scheme = "https" if config.tls else "http"
     log.info(
-        "serving %d slice(s) on %s://%s:%d%s",
+        "serving %d static slice(s)%s on %s://%s:%d%s",
         len(routes.table),
+        " and the slices found in kcp" if config.controller is not None else "",
         scheme,
         config.listen.host,
         config.listen.port,

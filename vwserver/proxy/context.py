@@ -24,6 +24,8 @@ class ProxyRequest:
     api: ApiRequest
     upstream: UpstreamClient
     page_size: int
+    upstream_base: str
+    """The upstream APIExport virtual-workspace URL this request goes to (its shard's)."""
 
     @property
     def query(self) -> MultiDictProxy[str]:
@@ -32,13 +34,13 @@ class ProxyRequest:
     @property
     def upstream_url(self) -> str:
         """Same path below the upstream virtual workspace as below the slice."""
-        return f"{self.route.upstream_url}/clusters/{self.path.cluster}{self.path.api_path}"
+        return f"{self.upstream_base}/clusters/{self.path.cluster}{self.path.api_path}"
 
     @property
     def object_url(self) -> str:
         """URL of the named object itself (without subresource), for the proxy's own checks."""
         api = self.api
-        base = f"{self.route.upstream_url}/clusters/{self.path.cluster}"
+        base = f"{self.upstream_base}/clusters/{self.path.cluster}"
         prefix = f"/apis/{api.group}/{api.version}" if api.group else f"/api/{api.version}"
         ns = f"/namespaces/{api.namespace}" if api.namespace else ""
         return f"{base}{prefix}{ns}/{api.resource}/{api.name}"

@@ -66,6 +66,9 @@ class ProxyHandler:
                 f"slice {route.cluster}/{route.name} is not ready: {route.not_ready}",
                 retry_after=5,
             )
+        upstream_base = route.upstream_for(path.shard)
+        if upstream_base is None:
+            raise NotFound(f"slice {route.cluster}/{route.name} has no shard {path.shard!r}")
         watch_param = request.query.get("watch", "").lower() in ("1", "true")
         api = classify(path.api_path, method=request.method, watch=watch_param)
         if path.wildcard and api.verb not in (Verb.LIST, Verb.WATCH) and not api.discovery:
@@ -80,6 +83,7 @@ class ProxyHandler:
             api=api,
             upstream=self._upstream,
             page_size=self._page_size,
+            upstream_base=upstream_base,
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)

@@ -29,6 +29,8 @@ PREFIX = "/services/filtered-apiexport/"
 _CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # DNS-1123 subdomain: slice names, object names, namespaces, resources, groups.
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Shard ids in multi-shard endpoint URLs (see vwserver.controller.reconcile.shard_id).
+_SHARD_RE = re.compile(r"^[a-f0-9]{1,64}$")
 # Versions and resource plurals are DNS labels in practice; allow what CRDs allow.
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -57,6 +59,8 @@ class SlicePath:
     """The consumer logical cluster, or ``*``."""
     api_path: str
     """Everything after ``clusters/<cluster>``, starting with ``/`` (may be ``""``)."""
+    shard: str = ""
+    """Shard id from ``.../<slice-name>/shards/<id>/clusters/...`` (multi-shard exports)."""
 
     @property
     def wildcard(self) -> bool:
@@ -94,6 +98,14 @@ def split_slice_path(raw_path: str) -> SlicePath | None:
     raw_path = raw_path.replace("%2A", "*").replace("%2a", "*")
     rest = raw_path[len(PREFIX) :]
     _check_raw(raw_path)
+    shard = ""
+    head = rest.split("/", 4)
+    if len(head) >= 4 and head[2] == "shards":
+        # <cluster>/<name>/shards/<id>/clusters/...: drop the shard part, remember the id.
+        shard = head[3]
+        if not _SHARD_RE.match(shard):
+            raise BadRequest(f"invalid shard {shard!r}")
+        rest = "/".join([*head[:2], head[4] if len(head) == 5 else ""])
     parts = rest.split("/", 4)
     if len(parts) < 4 or parts[2] != "clusters":
         raise BadRequest(
@@ -108,7 +120,7 @@ def split_slice_path(raw_path: str) -> SlicePath | None:
         raise BadRequest(f"invalid slice name {slice_name!r}")
     if cluster != "*" and not _CLUSTER_RE.match(cluster):
         raise BadRequest(f"invalid cluster {cluster!r}: not a logical-cluster name or '*'")
-    return SlicePath(slice_cluster, slice_name, cluster, api_path)
+    return SlicePath(slice_cluster, slice_name, cluster, api_path, shard)
 
 
 def _check_raw(raw_path: str) -> None:

@@ -13,6 +13,7 @@ handler at its next ``await``, which closes the upstream connection immediately.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -46,6 +47,10 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=response_headers(up))
         await response.prepare(ctx.request)
         buffer = bytearray()
+        # A slice that is deleted (or whose upstream moves) retires its route: closing the
+        # upstream response ends this loop, and the client re-watches (issue #4).
+        retired = asyncio.ensure_future(ctx.route.retired.wait())
+        retired.add_done_callback(lambda _: up.close())
         try:
             async for chunk in up.content.iter_any():
                 buffer += chunk
@@ -59,7 +64,12 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
             # The stream is broken (garbage, upstream gone): end it cleanly so that the client
             # re-watches from its last resourceVersion, as after any apiserver watch timeout.
-            log.warning("watch on %s ended: %s: %s", ctx.api.resource, type(e).__name__, e)
+            if ctx.route.retired.is_set():
+                log.info("watch on %s ended: slice %s retired", ctx.api.resource, ctx.route.key)
+            else:
+                log.warning("watch on %s ended: %s: %s", ctx.api.resource, type(e).__name__, e)
+        finally:
+            retired.cancel()
     await response.write_eof()
     return response
 

@@ -1,0 +1,1 @@
+"""The embedded controller: FilteredAPIExportEndpointSlices in kcp → status and routes."""

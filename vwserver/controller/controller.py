@@ -1,0 +1,275 @@
+"""The slice controller: watches FilteredAPIExportEndpointSlices in every workspace that binds
+vwserver's API, keeps their status true, and keeps the proxy's route table in step.
+
+Where the slices come from: vwserver's own APIExport (``sync.edge-connect.eu`` in the workspace
+the config names). Its APIExportEndpointSlice lists the export's virtual-workspace URL(s) — only
+once some workspace binds the API — and a list/watch on ``clusters/*`` there sees every slice of
+every binding workspace. Status is written back through the same virtual workspace.
+
+Per slice, a reconcile resolves ``spec.export`` (a workspace path or a logical-cluster ID; empty
+means the slice's own workspace) to the APIExport and its endpoint slice, validates the selector,
+and derives status and route with the pure :mod:`vwserver.controller.reconcile`. Reconciles of
+one slice never run concurrently (one worker per key at a time). A slice that is not ready is
+retried with backoff (it becomes ready within a couple of seconds of its export appearing); a
+ready one is re-checked every ``resync`` seconds, which picks up a changed or vanished upstream
+URL. Routes change atomically (:meth:`vwserver.routes.Routes.replace`), and a deleted slice's
+route is retired, which ends its open watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from vwserver.controller.informer import Backoff, Informer
+from vwserver.controller.lease import LeaderElector
+from vwserver.controller.reconcile import (
+    GROUP,
+    RESOURCE,
+    VERSION,
+    ExportLookup,
+    desired,
+    export_ref,
+    slice_key,
+    status_changed,
+)
+from vwserver.errors import UpstreamUnavailable
+from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.routes import Route, Routes, RouteTable
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerSettings:
+    export_path: str
+    """Workspace (path or ID) of vwserver's own APIExport."""
+    export_name: str = GROUP
+    external_url: str
+    """How clients reach this vwserver; the prefix of every ``status.endpoints[].url``."""
+    resync: float = 30.0
+    retry: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=15.0))
+
+
+def rfc3339(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SliceController:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        routes: Routes,
+        settings: ControllerSettings,
+        static: RouteTable | None = None,
+        leader: LeaderElector | None = None,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._routes = routes
+        self._settings = settings
+        self._static = static or RouteTable()
+        self._leader = leader
+        self._wall = wall
+        self._clock = clock
+        self._objects: dict[Key, JSON] = {}
+        self._dynamic: dict[Key, Route] = {}
+        self._failures: dict[Key, int] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._vw_urls: tuple[str, ...] = ()
+        self.synced = asyncio.Event()
+        """Set once the first complete list of slices has been seen (``/readyz``)."""
+
+    # --- running ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            if self._leader is not None:
+                tasks.create_task(self._leader.run())
+            for _ in range(4):
+                tasks.create_task(self._worker())
+            tasks.create_task(self._watch_slices())
+
+    async def _watch_slices(self) -> None:
+        """Find our export's virtual-workspace URL(s), then list/watch slices through them."""
+        failures = 0
+        while not self._vw_urls:
+            try:
+                self._vw_urls = await self._own_endpoints()
+            except (ApiError, UpstreamUnavailable) as e:
+                log.warning("reading vwserver's APIExportEndpointSlice: %s", e)
+            if not self._vw_urls:
+                # Without a binding there is no endpoint, and so no slice anywhere yet.
+                self.synced.set()
+                failures += 1
+                await asyncio.sleep(self._settings.retry.delay(failures))
+        log.info("watching slices through %s", ", ".join(self._vw_urls))
+        async with asyncio.TaskGroup() as tasks:
+            for url in self._vw_urls:
+                path = f"{url}/clusters/*/apis/{GROUP}/{VERSION}/{RESOURCE}"
+                informer = Informer(
+                    client=self._client,
+                    path=path,
+                    on_list=self._on_list,
+                    on_event=self._on_event,
+                    backoff=self._settings.retry,
+                )
+                tasks.create_task(informer.run())
+
+    async def _own_endpoints(self) -> tuple[str, ...]:
+        s = self._settings
+        eps = await self._client.get(
+            f"/clusters/{s.export_path}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices/"
+            f"{s.export_name}"
+        )
+        endpoints = ((eps or {}).get("status") or {}).get("endpoints") or []
+        return tuple(str(e["url"]).rstrip("/") for e in endpoints if e.get("url"))
+
+    # --- informer callbacks (synchronous: they only record and enqueue) ---------------------
+
+    def _on_list(self, items: list[JSON]) -> None:
+        seen = {slice_key(obj): obj for obj in items}
+        for key in set(self._objects) - set(seen):
+            self._objects.pop(key, None)
+            self._enqueue(key)
+        for key, obj in seen.items():
+            self._objects[key] = obj
+            self._enqueue(key)
+        self.synced.set()
+
+    def _on_event(self, kind: str, obj: JSON) -> None:
+        key = slice_key(obj)
+        if kind == "DELETED":
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = obj
+        self._enqueue(key)
+
+    def _enqueue(self, key: Key) -> None:
+        if timer := self._timers.pop(key, None):
+            timer.cancel()
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def _enqueue_after(self, key: Key, delay: float) -> None:
+        if timer := self._timers.pop(key, None):
+            timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[key] = loop.call_later(delay, self._enqueue, key)
+
+    # --- reconciling -----------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                ready = await self.reconcile(key)
+            except (ApiError, UpstreamUnavailable) as e:
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = self._settings.retry.delay(failures)
+                log.warning("reconciling slice %s/%s: %s; retry in %.1fs", *key, e, delay)
+                self._enqueue_after(key, delay)
+                continue
+            if ready is None:
+                continue
+            if ready:
+                self._failures.pop(key, None)
+                self._enqueue_after(key, self._settings.resync)
+            else:
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                self._enqueue_after(key, self._settings.retry.delay(failures))
+
+    async def reconcile(self, key: Key) -> bool | None:
+        """Bring one slice's route and status in line; whether it is ready (None: deleted)."""
+        obj = self._objects.get(key)
+        if obj is None:
+            if self._dynamic.pop(key, None) is not None:
+                log.info("slice %s/%s deleted: no longer served", *key)
+                self._publish()
+            self._failures.pop(key, None)
+            return None
+        lookup = await self._lookup(obj)
+        current = obj.get("status") or {}
+        outcome = desired(
+            obj,
+            lookup=lookup,
+            external_url=self._settings.external_url,
+            previous=current.get("conditions") or [],
+            now=rfc3339(self._wall()),
+        )
+        assert outcome.route is not None
+        if self._dynamic.get(key) != outcome.route:
+            self._dynamic[key] = outcome.route
+            self._publish()
+        if status_changed(current, outcome.status) and self._may_write_status():
+            await self._write_status(obj, outcome.status)
+        return outcome.route.not_ready is None
+
+    async def _lookup(self, obj: JSON) -> ExportLookup:
+        path, name = export_ref(obj)
+        if not name:
+            return ExportLookup(error="spec.export.name is empty", reason="InvalidReference")
+        where = f"APIExport {name} in workspace {path}"
+        try:
+            export = await self._client.get(
+                f"/clusters/{path}/apis/apis.kcp.io/v1alpha2/apiexports/{name}"
+            )
+        except ApiError as e:
+            if e.code in (401, 403):
+                return ExportLookup(
+                    error=f"{where}: vwserver is not allowed to read it ({e.message})",
+                    reason="APIExportForbidden",
+                )
+            raise
+        if export is None:
+            return ExportLookup(error=f"{where} not found", reason="APIExportNotFound")
+        export_cluster = ((export.get("metadata") or {}).get("annotations") or {}).get(
+            "kcp.io/cluster", ""
+        )
+        eps = await self._client.get(
+            f"/clusters/{path}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices/{name}"
+        )
+        endpoints = ((eps or {}).get("status") or {}).get("endpoints") or []
+        urls = tuple(str(e["url"]).rstrip("/") for e in endpoints if e.get("url"))
+        return ExportLookup(export_cluster=str(export_cluster), urls=urls)
+
+    def _may_write_status(self) -> bool:
+        return self._leader is None or self._leader.is_leader
+
+    async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
+        cluster, name = slice_key(obj)
+        base = self._vw_urls[0] if self._vw_urls else ""
+        path = f"{base}/clusters/{cluster}/apis/{GROUP}/{VERSION}/{RESOURCE}/{name}/status"
+        await self._client.request(
+            "PATCH",
+            path,
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def _publish(self) -> None:
+        """Static routes plus every known slice, swapped in as one new table."""
+        routes = {r.key: r for r in self._static}
+        routes.update(self._dynamic)
+        self._routes.replace(RouteTable(routes.values()))
+
+    async def aclose(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        with contextlib.suppress(Exception):
+            self._routes.replace(self._static)

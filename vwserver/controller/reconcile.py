@@ -1,0 +1,200 @@
+"""What a FilteredAPIExportEndpointSlice should look like — pure, no I/O, no clock.
+
+The controller gathers facts (the slice object, whether its APIExport was found, the upstream
+virtual-workspace URLs of the export's endpoint slice) and this module turns them into the
+slice's desired ``status`` and its :class:`~vwserver.routes.Route`. Keeping the decision pure
+makes every condition and message testable without a kcp, and makes "patch status only when it
+changed" a plain comparison.
+
+Conditions (``metav1.Condition``): ``SelectorValid``, ``APIExportValid`` and ``Ready``, each with
+a reason a program can branch on, a message a human can act on, and the generation it describes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vwserver.errors import SelectorError
+from vwserver.routes import Route
+from vwserver.selector import Selector
+
+GROUP = "sync.edge-connect.eu"
+VERSION = "v1alpha1"
+RESOURCE = "filteredapiexportendpointslices"
+CLUSTER_ANNOTATION = "kcp.io/cluster"
+ENDPOINT_PREFIX = "/services/filtered-apiexport"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportLookup:
+    """What the controller found for ``spec.export``.
+
+    ``error`` is a human-readable reason the export is unusable (not found, not readable);
+    ``urls`` are the APIExport virtual-workspace URLs (one per shard) — empty while no APIBinding
+    to the export exists (kcp publishes a shard's URL only then).
+    """
+
+    error: str | None = None
+    reason: str = ""
+    export_cluster: str = ""
+    urls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: dict[str, Any]
+    route: Route | None
+    """The route to serve: ready, or not ready with the reason (answered 503)."""
+
+
+def slice_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    cluster = (meta.get("annotations") or {}).get(CLUSTER_ANNOTATION, "")
+    return (str(cluster), str(meta.get("name", "")))
+
+
+def export_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(workspace path or logical cluster, export name); an empty path means the slice's own."""
+    spec = obj.get("spec") or {}
+    export = spec.get("export") or {}
+    path = str(export.get("path") or "") or slice_key(obj)[0]
+    return (path, str(export.get("name") or ""))
+
+
+def parse_selector(obj: Mapping[str, Any]) -> tuple[Selector | None, str]:
+    """The slice's selector, or (None, why it is invalid)."""
+    raw = (obj.get("spec") or {}).get("objectSelector")
+    if not raw:
+        return None, (
+            "spec.objectSelector is empty: a slice must select objects (an empty selector "
+            "would expose the whole export)"
+        )
+    try:
+        selector = Selector.from_label_selector(raw, field="spec.objectSelector")
+    except SelectorError as e:
+        return None, e.message
+    if selector.is_empty:
+        return None, "spec.objectSelector selects everything; give matchLabels or matchExpressions"
+    return selector, ""
+
+
+def shard_id(url: str) -> str:
+    """A short stable name for an upstream shard endpoint, used in multi-shard endpoint URLs."""
+    return hashlib.sha256(url.encode()).hexdigest()[:10]
+
+
+def endpoint_urls(
+    *, external_url: str, cluster: str, name: str, upstreams: Sequence[str]
+) -> list[str]:
+    """The slice's public URLs: one per upstream shard endpoint.
+
+    With one shard (the common case) the URL is just ``<external>/services/filtered-apiexport/
+    <cluster>/<name>``. With several, each gets a ``/shards/<id>`` suffix so that a client is
+    pinned to one shard's virtual workspace, like kcp's own per-shard endpoint URLs.
+    """
+    base = f"{external_url.rstrip('/')}{ENDPOINT_PREFIX}/{cluster}/{name}"
+    if len(upstreams) <= 1:
+        return [base] if upstreams else []
+    return [f"{base}/shards/{shard_id(u)}" for u in upstreams]
+
+
+def desired(
+    obj: Mapping[str, Any],
+    *,
+    lookup: ExportLookup,
+    external_url: str,
+    previous: Sequence[Mapping[str, Any]] = (),
+    now: str,
+) -> Outcome:
+    """The slice's desired status and route from the facts gathered about it."""
+    cluster, name = slice_key(obj)
+    generation = int((obj.get("metadata") or {}).get("generation") or 0)
+    selector, selector_problem = parse_selector(obj)
+    conditions: list[dict[str, Any]] = []
+
+    def condition(type_: str, ok: bool, reason: str, message: str) -> None:
+        conditions.append(
+            _condition(
+                type_, ok, reason, message, generation=generation, now=now, previous=previous
+            )
+        )
+
+    condition(
+        "SelectorValid",
+        selector is not None,
+        "Valid" if selector is not None else "InvalidSelector",
+        "the object selector is valid" if selector is not None else selector_problem,
+    )
+    path, export_name = export_ref(obj)
+    if lookup.error is not None:
+        condition("APIExportValid", False, lookup.reason or "APIExportNotFound", lookup.error)
+    else:
+        condition("APIExportValid", True, "Found", f"APIExport {path}/{export_name} found")
+    not_ready: str | None = None
+    if selector is None:
+        not_ready = f"invalid selector: {selector_problem}"
+    elif lookup.error is not None:
+        not_ready = lookup.error
+    elif not lookup.urls:
+        not_ready = (
+            f"APIExport {path}/{export_name} has no virtual-workspace endpoint yet "
+            "(kcp publishes one once an APIBinding to the export exists)"
+        )
+    urls = endpoint_urls(
+        external_url=external_url, cluster=cluster, name=name, upstreams=lookup.urls
+    )
+    if not_ready is None:
+        condition("Ready", True, "Serving", f"serving {len(urls)} endpoint(s)")
+    else:
+        reason = (
+            "InvalidSelector"
+            if selector is None
+            else ("APIExportNotReady" if lookup.error is None else "APIExportInvalid")
+        )
+        condition("Ready", False, reason, not_ready)
+    status = {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "endpoints": [{"url": u} for u in urls] if not_ready is None else [],
+    }
+    route = Route(
+        cluster=cluster,
+        name=name,
+        selector=selector if selector is not None else Selector(),
+        upstream_url=lookup.urls[0] if lookup.urls else "",
+        shards={shard_id(u): u for u in lookup.urls} if len(lookup.urls) > 1 else {},
+        not_ready=not_ready,
+    )
+    return Outcome(status=status, route=route)
+
+
+def _condition(
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    *,
+    generation: int,
+    now: str,
+    previous: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    # lastTransitionTime changes only when the status does (metav1.Condition semantics), so an
+    # unchanged slice produces an identical status and no write.
+    before = next((c for c in previous if c.get("type") == type_), None)
+    since = before.get("lastTransitionTime") if before and before.get("status") == status else now
+    return {
+        "type": type_,
+        "status": status,
+        "observedGeneration": generation,
+        "lastTransitionTime": since or now,
+        "reason": reason,
+        "message": message,
+    }
+
+
+def status_changed(current: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
+    return dict(current or {}) != dict(wanted)
