@@ -1,0 +1,355 @@
+"""The embedded controller against real kcp (issue #4): slices created with kubectl become
+routes and get status; kubectl uses the endpoint URL from that status.
+
+Setup (once per module, on the session's kcp): a workspace holding vwserver's own APIExport
+(``manifests/kcp/apiexport.yaml``), bound in the demo's provider and consumer-a workspaces so that
+slices can be created there; an in-process vwserver (proxy + controller) whose external URL is its
+own loopback address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest_asyncio
+
+from vwserver.controller.controller import ControllerSettings, SliceController
+from vwserver.controller.informer import Backoff
+from vwserver.devenv.bootstrap import Bootstrap, Workspace
+from vwserver.devenv.kcp import KcpInstance
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Routes
+from vwserver.server import build_app
+from vwserver.testing.serve import serve_app
+
+REPO = Path(__file__).resolve().parents[2]
+API_WS = "vwserver-api"
+T = TypeVar("T")
+
+
+@dataclass
+class Served:
+    base: str
+    kcp: KcpInstance
+    world: Bootstrap
+    controller: SliceController
+    api_ws: Workspace
+
+    async def kubectl(self, ws: Workspace, *args: str, input: str | None = None) -> Any:
+        result = await self.kcp.kubectl(*args, server=ws.url, input=input)
+        out = result.stdout.strip()
+        return json.loads(out) if out.startswith("{") else out
+
+    async def slice_status(self, ws: Workspace, name: str) -> dict[str, Any]:
+        doc = await self.kubectl(ws, "get", "filteredapiexportendpointslice", name, "-o", "json")
+        return dict(doc.get("status") or {})
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
+    """Poll ``probe`` until it returns something truthy, at most ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    last: object = None
+    while True:
+        try:
+            value = await probe()
+            if value:
+                return value
+            last = value
+        except (AssertionError, KeyError, StopIteration) as e:
+            last = e
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not within {within}s (last: {last!r})")
+        await asyncio.sleep(0.25)
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions", []) if c["type"] == type_)
+
+
+def slice_manifest(name: str, *, path: str, export: str, selector: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "sync.edge-connect.eu/v1alpha1",
+            "kind": "FilteredAPIExportEndpointSlice",
+            "metadata": {"name": name},
+            "spec": {"export": {"path": path, "name": export}, "objectSelector": selector},
+        }
+    )
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def create_workspace(kcp: KcpInstance, name: str) -> Workspace:
+    root = kcp.cluster_url("root")
+    doc = {"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name}}
+    await kcp.kubectl("apply", "-f", "-", server=root, input=json.dumps(doc))
+
+    async def ready() -> Workspace | None:
+        out = await kcp.kubectl("get", "workspace", name, "-o", "json", server=root)
+        ws = json.loads(out.stdout)
+        if ws.get("status", {}).get("phase") != "Ready":
+            return None
+        return Workspace(
+            name=name,
+            path=f"root:{name}",
+            cluster=ws["spec"]["cluster"],
+            url=kcp.cluster_url(f"root:{name}"),
+        )
+
+    return await eventually(ready, within=60, what=f"workspace {name} Ready")
+
+
+async def bind_api(kcp: KcpInstance, ws: Workspace, *, export_path: str) -> None:
+    binding = {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": {"name": "sync.edge-connect.eu"},
+        "spec": {"reference": {"export": {"path": export_path, "name": "sync.edge-connect.eu"}}},
+    }
+    await kcp.kubectl("apply", "-f", "-", server=ws.url, input=json.dumps(binding))
+
+    async def bound() -> bool:
+        out = await kcp.kubectl(
+            "get", "apibinding", "sync.edge-connect.eu", "-o", "jsonpath={.status.phase}",
+            server=ws.url,
+        )  # fmt: skip
+        return out.stdout == "Bound"
+
+    await eventually(bound, within=60, what=f"binding in {ws.path}")
+
+    async def served() -> bool:  # discovery catches up a moment after Bound
+        out = await kcp.kubectl(
+            "get", "filteredapiexportendpointslices", server=ws.url, check=False
+        )
+        return out.returncode == 0
+
+    await eventually(served, within=30, what=f"slices served in {ws.path}")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def served(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Served]:
+    api_ws = await create_workspace(kcp, API_WS)
+    await kcp.kubectl(
+        "apply", "-f", str(REPO / "manifests" / "kcp" / "apiexport.yaml"), server=api_ws.url
+    )
+    for ws in (world.provider, world.consumer("consumer-a")):
+        await bind_api(kcp, ws, export_path=api_ws.path)
+    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    routes = Routes()
+    async with KubeClient(auth=auth) as client:
+        holder: dict[str, SliceController] = {}
+        app = build_app(
+            routes=routes,
+            upstream=UpstreamClient(auth=auth),
+            ready=lambda: "c" in holder and holder["c"].synced.is_set(),
+        )
+        async with serve_app(app) as base:
+            controller = SliceController(
+                client=client,
+                routes=routes,
+                settings=ControllerSettings(
+                    export_path=api_ws.path,
+                    external_url=base,
+                    resync=5.0,
+                    retry=Backoff(initial=0.2, maximum=1.0),
+                ),
+            )
+            holder["c"] = controller
+            task = asyncio.create_task(controller.run())
+            try:
+                await asyncio.wait_for(controller.synced.wait(), 30)
+                yield Served(base, kcp, world, controller, api_ws)
+            finally:
+                task.cancel()
+                with contextlib_suppress():
+                    await task
+                await controller.aclose()
+
+
+class contextlib_suppress:
+    """Await a cancelled task without its CancelledError reaching the fixture."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is asyncio.CancelledError
+
+
+async def wait_ready(served: Served, ws: Workspace, name: str, *, within: float) -> dict[str, Any]:
+    async def ready() -> dict[str, Any] | None:
+        status = await served.slice_status(ws, name)
+        return status if condition(status, "Ready")["status"] == "True" else None
+
+    return await eventually(ready, within=within, what=f"slice {name} Ready")
+
+
+async def test_readyz_after_first_list(served: Served) -> None:
+    async with aiohttp.ClientSession() as s, s.get(served.base + "/readyz") as r:
+        assert r.status == 200
+
+
+async def test_slice_by_path_becomes_ready_and_its_url_works(served: Served) -> None:
+    world = served.world
+    name = unique("prod")
+    await served.kubectl(
+        world.provider, "apply", "-f", "-",
+        input=slice_manifest(
+            name, path=world.provider.path, export=world.export_name,
+            selector={"matchLabels": {"env": "prod"}},
+        ),
+    )  # fmt: skip
+    status = await wait_ready(served, world.provider, name, within=10)
+    assert status["observedGeneration"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "SelectorValid": "True",
+        "APIExportValid": "True",
+        "Ready": "True",
+    }
+    (endpoint,) = status["endpoints"]
+    url = endpoint["url"]
+    assert url == (f"{served.base}/services/filtered-apiexport/{world.provider.cluster}/{name}")
+    # the issue's one-liner: kubectl --server "<status.endpoints[0].url>/clusters/*" get widgets -A
+    out = await served.kcp.kubectl("get", "widgets", "-A", "-o", "json", server=f"{url}/clusters/*")
+    items = json.loads(out.stdout)["items"]
+    assert items
+    assert {i["metadata"]["labels"]["env"] for i in items} == {"prod"}
+
+
+async def test_slice_in_another_workspace_references_the_export_by_path(served: Served) -> None:
+    world = served.world
+    ws = world.consumer("consumer-a")
+    name = unique("dev")
+    await served.kubectl(
+        ws, "apply", "-f", "-",
+        input=slice_manifest(
+            name, path=world.provider.path, export=world.export_name,
+            selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
+        ),
+    )  # fmt: skip
+    status = await wait_ready(served, ws, name, within=10)
+    url = status["endpoints"][0]["url"]
+    assert f"/{ws.cluster}/{name}" in url
+    out = await served.kcp.kubectl("get", "widgets", "-A", "-o", "json", server=f"{url}/clusters/*")
+    assert {i["metadata"]["labels"]["env"] for i in json.loads(out.stdout)["items"]} == {"dev"}
+
+
+async def test_missing_export_is_reported_then_ready_once_it_exists(served: Served) -> None:
+    world = served.world
+    export = f"{unique('gadgets')}.example.io"
+    name = unique("gadgets")
+    await served.kubectl(
+        world.provider, "apply", "-f", "-",
+        input=slice_manifest(
+            name, path=world.provider.path, export=export, selector={"matchLabels": {"a": "b"}}
+        ),
+    )  # fmt: skip
+
+    async def reported() -> dict[str, Any] | None:
+        status = await served.slice_status(world.provider, name)
+        valid = condition(status, "APIExportValid")
+        return status if valid["status"] == "False" else None
+
+    status = await eventually(reported, within=10, what="APIExportValid=False")
+    valid = condition(status, "APIExportValid")
+    assert valid["reason"] == "APIExportNotFound"
+    assert export in valid["message"]
+    assert condition(status, "Ready")["status"] == "False"
+    assert status.get("endpoints") == []
+    # the URL of a slice that exists but is not ready answers 503 with the reason
+    url = (
+        f"{served.base}/services/filtered-apiexport/{world.provider.cluster}/{name}/clusters/*/api"
+    )
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        assert r.status == 503
+        assert export in (await r.json())["message"]
+    # create the export (reusing the Widget schema) and bind it somewhere: then it is Ready
+    doc = {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIExport",
+        "metadata": {"name": export},
+        "spec": {
+            "resources": [
+                {
+                    "group": "example.io",
+                    "name": "widgets",
+                    "schema": "v1.widgets.example.io",
+                    "storage": {"crd": {}},
+                }
+            ]
+        },
+    }
+    await served.kubectl(world.provider, "apply", "-f", "-", input=json.dumps(doc))
+    consumer = await create_workspace(served.kcp, unique("gadget-user"))
+    binding = {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": {"name": export},
+        "spec": {"reference": {"export": {"path": world.provider.path, "name": export}}},
+    }
+    await served.kubectl(consumer, "apply", "-f", "-", input=json.dumps(binding))
+    await wait_ready(served, world.provider, name, within=30)
+
+
+async def test_invalid_selector_is_reported(served: Served) -> None:
+    world = served.world
+    name = unique("bad")
+    await served.kubectl(
+        world.provider, "apply", "-f", "-",
+        input=slice_manifest(
+            name, path=world.provider.path, export=world.export_name,
+            selector={"matchLabels": {"not a key!": "x"}},
+        ),
+    )  # fmt: skip
+
+    async def reported() -> dict[str, Any] | None:
+        status = await served.slice_status(world.provider, name)
+        return status if status.get("conditions") else None
+
+    status = await eventually(reported, within=10, what="conditions written")
+    valid = condition(status, "SelectorValid")
+    assert valid["status"] == "False"
+    assert valid["reason"] == "InvalidSelector"
+    assert "spec.objectSelector.matchLabels" in valid["message"]
+    assert condition(status, "Ready")["status"] == "False"
+
+
+async def test_deleting_a_slice_stops_serving_and_ends_watches(served: Served) -> None:
+    world = served.world
+    name = unique("gone")
+    await served.kubectl(
+        world.provider, "apply", "-f", "-",
+        input=slice_manifest(
+            name, path=world.provider.path, export=world.export_name,
+            selector={"matchLabels": {"env": "prod"}},
+        ),
+    )  # fmt: skip
+    status = await wait_ready(served, world.provider, name, within=10)
+    url = status["endpoints"][0]["url"] + f"/clusters/*/{world.api_path}/{world.resource}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url, params={"limit": "1"}) as r:
+            rv = (await r.json())["metadata"]["resourceVersion"]
+        async with s.get(url, params={"watch": "1", "resourceVersion": rv}) as watch:
+            assert watch.status == 200
+            await served.kubectl(world.provider, "delete", "filteredapiexportendpointslice", name)
+            # the open watch ends (EOF) within a few seconds
+            async with asyncio.timeout(10):
+                while await watch.content.readline():
+                    pass
+
+        async def gone() -> bool:
+            async with s.get(url) as r:
+                return r.status == 404
+
+        await eventually(gone, within=5, what="slice URL answers 404")
