@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from vwserver.controller.controller import ControllerSettings, SliceController
 from vwserver.controller.informer import Backoff
+from vwserver.controller.lease import LeaderElector
 from vwserver.devenv.bootstrap import Bootstrap, Workspace
 from vwserver.devenv.kcp import KcpInstance
 from vwserver.k8s.client import KubeClient
@@ -353,3 +354,21 @@ async def test_deleting_a_slice_stops_serving_and_ends_watches(served: Served) -
                 return r.status == 404
 
         await eventually(gone, within=5, what="slice URL answers 404")
+
+
+async def test_lease_in_a_kcp_workspace(served: Served) -> None:
+    """Two replicas: exactly one holds the Lease (issue #4 §5), in the API's workspace."""
+    auth = load_kubeconfig(served.kcp.kubeconfig, context=served.kcp.admin_context)
+    async with KubeClient(auth=auth) as client:
+        name = unique("lease")
+        replicas = [
+            LeaderElector(client=client, workspace=served.api_ws.path, name=name, identity=i)
+            for i in ("replica-a", "replica-b")
+        ]
+        won = [await r.try_acquire_or_renew() for r in replicas]
+        assert won == [True, False]
+        out = await served.kcp.kubectl(
+            "get", "lease", name, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}",
+            server=served.api_ws.url,
+        )  # fmt: skip
+        assert out.stdout == "replica-a"

@@ -15,7 +15,12 @@ import aiohttp
 import trustme
 import yaml
 
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Routes
+from vwserver.server import build_app
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from vwserver.testing.serve import serve_app
 
 from .conftest import widget
 
@@ -109,3 +114,20 @@ async def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert err.strip() == (
         "vwserver: invalid configuration: $.upstream.server: 'ftp://x' is not an http(s) URL"
     )
+
+
+async def test_readyz_follows_the_ready_callback() -> None:
+    state = {"ready": False}
+    app = build_app(
+        routes=Routes(),
+        upstream=UpstreamClient(auth=ClientAuth(server="http://127.0.0.1:1")),
+        ready=lambda: state["ready"],
+    )
+    async with serve_app(app) as base, aiohttp.ClientSession() as s:
+        async with s.get(base + "/readyz") as r:
+            assert r.status == 503
+        async with s.get(base + "/livez") as r:
+            assert r.status == 200  # liveness never depends on kcp
+        state["ready"] = True
+        async with s.get(base + "/readyz") as r:
+            assert r.status == 200
