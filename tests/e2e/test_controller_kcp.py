@@ -23,8 +23,15 @@ import pytest_asyncio
 from vwserver.controller.controller import ControllerSettings, SliceController
 from vwserver.controller.informer import Backoff
 from vwserver.controller.lease import LeaderElector
-from vwserver.devenv.bootstrap import Bootstrap, Workspace
+from vwserver.devenv.bootstrap import (
+    Bootstrap,
+    Workspace,
+    apply_retrying,
+    poll,
+    wait_workspace_ready,
+)
 from vwserver.devenv.kcp import KcpInstance
+from vwserver.devenv.slices import bind_api, install_api, slice_manifest, wait_slice_ready
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
@@ -56,35 +63,17 @@ class Served:
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy, at most ``within`` seconds."""
-    deadline = asyncio.get_running_loop().time() + within
-    last: object = None
-    while True:
-        try:
-            value = await probe()
-            if value:
-                return value
-            last = value
-        except (AssertionError, KeyError, StopIteration) as e:
-            last = e
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not within {within}s (last: {last!r})")
-        await asyncio.sleep(0.25)
+    """Poll ``probe`` until it returns something truthy (``None``/falsy: not yet)."""
+
+    async def truthy() -> T | None:
+        value = await probe()
+        return value if value else None
+
+    return await poll(what, truthy, within=within, interval=0.25)
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in status.get("conditions", []) if c["type"] == type_)
-
-
-def slice_manifest(name: str, *, path: str, export: str, selector: dict[str, Any]) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "sync.edge-connect.eu/v1alpha1",
-            "kind": "FilteredAPIExportEndpointSlice",
-            "metadata": {"name": name},
-            "spec": {"export": {"path": path, "name": export}, "objectSelector": selector},
-        }
-    )
 
 
 def unique(prefix: str) -> str:
@@ -92,60 +81,16 @@ def unique(prefix: str) -> str:
 
 
 async def create_workspace(kcp: KcpInstance, name: str) -> Workspace:
-    root = kcp.cluster_url("root")
     doc = {"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name}}
-    await kcp.kubectl("apply", "-f", "-", server=root, input=json.dumps(doc))
-
-    async def ready() -> Workspace | None:
-        out = await kcp.kubectl("get", "workspace", name, "-o", "json", server=root)
-        ws = json.loads(out.stdout)
-        if ws.get("status", {}).get("phase") != "Ready":
-            return None
-        return Workspace(
-            name=name,
-            path=f"root:{name}",
-            cluster=ws["spec"]["cluster"],
-            url=kcp.cluster_url(f"root:{name}"),
-        )
-
-    return await eventually(ready, within=60, what=f"workspace {name} Ready")
-
-
-async def bind_api(kcp: KcpInstance, ws: Workspace, *, export_path: str) -> None:
-    binding = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIBinding",
-        "metadata": {"name": "sync.edge-connect.eu"},
-        "spec": {"reference": {"export": {"path": export_path, "name": "sync.edge-connect.eu"}}},
-    }
-    await kcp.kubectl("apply", "-f", "-", server=ws.url, input=json.dumps(binding))
-
-    async def bound() -> bool:
-        out = await kcp.kubectl(
-            "get", "apibinding", "sync.edge-connect.eu", "-o", "jsonpath={.status.phase}",
-            server=ws.url,
-        )  # fmt: skip
-        return out.stdout == "Bound"
-
-    await eventually(bound, within=60, what=f"binding in {ws.path}")
-
-    async def served() -> bool:  # discovery catches up a moment after Bound
-        out = await kcp.kubectl(
-            "get", "filteredapiexportendpointslices", server=ws.url, check=False
-        )
-        return out.returncode == 0
-
-    await eventually(served, within=30, what=f"slices served in {ws.path}")
+    await apply_retrying(kcp, kcp.cluster_url("root"), json.dumps(doc), within=60)
+    return await wait_workspace_ready(kcp, name, within=60)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Served]:
-    api_ws = await create_workspace(kcp, API_WS)
-    await kcp.kubectl(
-        "apply", "-f", str(REPO / "manifests" / "kcp" / "apiexport.yaml"), server=api_ws.url
-    )
+    api_ws = await install_api(kcp, workspace=API_WS)
     for ws in (world.provider, world.consumer("consumer-a")):
-        await bind_api(kcp, ws, export_path=api_ws.path)
+        await bind_api(kcp, ws, api=api_ws)
     auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes()
     async with KubeClient(auth=auth) as client:
@@ -189,11 +134,7 @@ class contextlib_suppress:
 
 
 async def wait_ready(served: Served, ws: Workspace, name: str, *, within: float) -> dict[str, Any]:
-    async def ready() -> dict[str, Any] | None:
-        status = await served.slice_status(ws, name)
-        return status if condition(status, "Ready")["status"] == "True" else None
-
-    return await eventually(ready, within=within, what=f"slice {name} Ready")
+    return await wait_slice_ready(served.kcp, ws, name, within=within)
 
 
 async def test_readyz_after_first_list(served: Served) -> None:
@@ -207,7 +148,7 @@ async def test_slice_by_path_becomes_ready_and_its_url_works(served: Served) -> 
     await served.kubectl(
         world.provider, "apply", "-f", "-",
         input=slice_manifest(
-            name, path=world.provider.path, export=world.export_name,
+            name, export_path=world.provider.path, export_name=world.export_name,
             selector={"matchLabels": {"env": "prod"}},
         ),
     )  # fmt: skip
@@ -235,7 +176,7 @@ async def test_slice_in_another_workspace_references_the_export_by_path(served: 
     await served.kubectl(
         ws, "apply", "-f", "-",
         input=slice_manifest(
-            name, path=world.provider.path, export=world.export_name,
+            name, export_path=world.provider.path, export_name=world.export_name,
             selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
         ),
     )  # fmt: skip
@@ -253,7 +194,7 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
     await served.kubectl(
         world.provider, "apply", "-f", "-",
         input=slice_manifest(
-            name, path=world.provider.path, export=export, selector={"matchLabels": {"a": "b"}}
+            name, export_path=world.provider.path, export_name=export, selector={"matchLabels": {"a": "b"}}
         ),
     )  # fmt: skip
 
@@ -309,7 +250,7 @@ async def test_invalid_selector_is_reported(served: Served) -> None:
     await served.kubectl(
         world.provider, "apply", "-f", "-",
         input=slice_manifest(
-            name, path=world.provider.path, export=world.export_name,
+            name, export_path=world.provider.path, export_name=world.export_name,
             selector={"matchLabels": {"not a key!": "x"}},
         ),
     )  # fmt: skip
@@ -332,7 +273,7 @@ async def test_deleting_a_slice_stops_serving_and_ends_watches(served: Served) -
     await served.kubectl(
         world.provider, "apply", "-f", "-",
         input=slice_manifest(
-            name, path=world.provider.path, export=world.export_name,
+            name, export_path=world.provider.path, export_name=world.export_name,
             selector={"matchLabels": {"env": "prod"}},
         ),
     )  # fmt: skip

@@ -196,29 +196,29 @@ async def bootstrap(
     root = kcp.cluster_url("root")
 
     # 1. Workspaces, and their logical-cluster IDs.
-    await _apply_retrying(kcp, root, manifests / "workspaces.yaml", within=wait_timeout)
+    await apply_retrying(kcp, root, manifests / "workspaces.yaml", within=wait_timeout)
     names = (PROVIDER, *CONSUMERS)
     ready = await asyncio.gather(
-        *(_wait_workspace_ready(kcp, name, within=wait_timeout) for name in names)
+        *(wait_workspace_ready(kcp, name, within=wait_timeout) for name in names)
     )
     workspaces = {ws.name: ws for ws in ready}
     provider = workspaces[PROVIDER]
     consumers = tuple(workspaces[name] for name in CONSUMERS)
 
     # 2. Schema, export and RBAC in the provider; the export is usable once it has an identity.
-    await _apply_retrying(kcp, provider.url, manifests / "provider.yaml", within=wait_timeout)
-    await _poll(
+    await apply_retrying(kcp, provider.url, manifests / "provider.yaml", within=wait_timeout)
+    await poll(
         f"APIExport {EXPORT_NAME} status.identityHash",
-        lambda: _get_field(kcp, provider.url, "apiexport", EXPORT_NAME, "status", "identityHash"),
+        lambda: get_field(kcp, provider.url, "apiexport", EXPORT_NAME, "status", "identityHash"),
         within=wait_timeout,
     )
 
     # 3. Bindings in the consumers.
     for ws in consumers:
-        await _apply_retrying(kcp, ws.url, manifests / "consumer.yaml", within=wait_timeout)
+        await apply_retrying(kcp, ws.url, manifests / "consumer.yaml", within=wait_timeout)
     await asyncio.gather(
         *(
-            _poll(
+            poll(
                 f"APIBinding {EXPORT_NAME} in {ws.path} phase Bound",
                 functools.partial(_bound, kcp, ws.url),
                 within=wait_timeout,
@@ -228,7 +228,7 @@ async def bootstrap(
     )
 
     # 4. The endpoint slice lists a shard's VW URL once a binding exists on that shard.
-    vw_urls = await _poll(
+    vw_urls = await poll(
         f"APIExportEndpointSlice {EXPORT_NAME} endpoint URLs",
         lambda: _endpoint_urls(kcp, provider.url),
         within=wait_timeout,
@@ -244,7 +244,7 @@ async def bootstrap(
         ]
         items += [w.manifest() for w in mine]
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        await _apply_retrying(kcp, ws.url, doc, within=wait_timeout)
+        await apply_retrying(kcp, ws.url, doc, within=wait_timeout)
 
     # 6. The VW may be published before it serves (early 404s): wait until it lists everything.
     for url in vw_urls:
@@ -269,7 +269,7 @@ async def bootstrap(
 # Steps
 
 
-async def _poll(
+async def poll(
     what: str,
     probe: Callable[[], Awaitable[T | None]],
     *,
@@ -296,44 +296,44 @@ async def _poll(
         await asyncio.sleep(interval)
 
 
-async def _get_json(kcp: KcpInstance, server: str, *args: str) -> Any:
+async def get_json(kcp: KcpInstance, server: str, *args: str) -> Any:
     result = await kcp.kubectl("get", *args, "-o", "json", server=server)
     return json.loads(result.stdout)
 
 
-async def _get_field(kcp: KcpInstance, server: str, kind: str, name: str, *path: str) -> Any:
-    value: Any = await _get_json(kcp, server, kind, name)
+async def get_field(kcp: KcpInstance, server: str, kind: str, name: str, *path: str) -> Any:
+    value: Any = await get_json(kcp, server, kind, name)
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None
     return value or None
 
 
-async def _wait_workspace_ready(kcp: KcpInstance, name: str, *, within: float) -> Workspace:
+async def wait_workspace_ready(kcp: KcpInstance, name: str, *, within: float) -> Workspace:
     async def probe() -> Workspace | None:
-        obj = await _get_json(kcp, kcp.cluster_url("root"), "workspace", name)
+        obj = await get_json(kcp, kcp.cluster_url("root"), "workspace", name)
         cluster = obj.get("spec", {}).get("cluster")
         if obj.get("status", {}).get("phase") != "Ready" or not cluster:
             return None
         path = f"root:{name}"
         return Workspace(name=name, path=path, cluster=cluster, url=kcp.cluster_url(path))
 
-    return await _poll(f"workspace root:{name} Ready", probe, within=within)
+    return await poll(f"workspace root:{name} Ready", probe, within=within)
 
 
 async def _bound(kcp: KcpInstance, server: str) -> bool | None:
-    phase = await _get_field(kcp, server, "apibinding", EXPORT_NAME, "status", "phase")
+    phase = await get_field(kcp, server, "apibinding", EXPORT_NAME, "status", "phase")
     return True if phase == "Bound" else None
 
 
 async def _endpoint_urls(kcp: KcpInstance, server: str) -> tuple[str, ...] | None:
-    endpoints = await _get_field(
+    endpoints = await get_field(
         kcp, server, "apiexportendpointslice", EXPORT_NAME, "status", "endpoints"
     )
     urls = tuple(e["url"] for e in endpoints or [] if e.get("url"))
     return urls or None
 
 
-async def _apply_retrying(
+async def apply_retrying(
     kcp: KcpInstance, server: str, source: Path | str, *, within: float
 ) -> None:
     """Server-side apply from a file or a literal document, retried while kcp catches up.
@@ -352,7 +352,7 @@ async def _apply_retrying(
             await kcp.kubectl(*_APPLY, "-f", "-", server=server, input=source)
         return True
 
-    await _poll(f"kubectl apply in {server}", probe, within=within)
+    await poll(f"kubectl apply in {server}", probe, within=within)
 
 
 async def _wait_vw_serves(
@@ -383,7 +383,7 @@ async def _wait_vw_serves(
                     return None
             return True
 
-        await _poll(f"APIExport VW {vw_url} to serve {expected} widgets", probe, within=within)
+        await poll(f"APIExport VW {vw_url} to serve {expected} widgets", probe, within=within)
 
 
 async def _verified_tokens(kcp: KcpInstance, users_file: Path) -> dict[str, str]:

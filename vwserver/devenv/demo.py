@@ -1,11 +1,14 @@
 """``make run``: a local kcp, the demo world, and vwserver in front of it, until Ctrl-C.
 
-The point is to *see* vwserver work in one command: two slices of the demo export (``prod``:
-env=prod, ``dev``: env=dev), served over TLS with a throwaway CA, a kubeconfig per slice
-endpoint, and copy-pasteable kubectl and curl lines. vwserver runs as the real ``vwserver serve``
-process with a generated config file, exactly as a user would run it; everything the demo
-writes goes to ``.run/`` in the repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver,
-then kcp, and removes kcp's temporary directory.
+The point is to *see* vwserver work in one command, the way a provider uses it: vwserver's API
+is installed in kcp (workspace ``root:vwserver``) and bound in the provider workspace, where two
+FilteredAPIExportEndpointSlices are created with kubectl (``prod``: env=prod, ``dev``: env=dev).
+vwserver runs as the real ``vwserver serve`` process in kcp mode (its embedded controller finds
+the slices, serves them and writes their endpoint URLs into their status), over TLS with a
+throwaway CA. The demo then writes a kubeconfig per slice endpoint (from ``status.endpoints``)
+and prints copy-pasteable kubectl and curl lines. Everything it writes goes to ``.run/`` in the
+repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver, then kcp, and removes kcp's
+temporary directory.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from pathlib import Path
 import trustme
 import yaml
 
-from vwserver.devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, bootstrap
+from vwserver.devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, Workspace, bootstrap
 from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from vwserver.devenv.slices import bind_api, install_api, slice_manifest, wait_slice_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
@@ -41,8 +45,8 @@ def _port(preferred: int) -> int:
         return port
 
 
-def write_files(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, port: int) -> str:
-    """TLS material, vwserver's config and one kubeconfig per slice; returns the base URL."""
+def write_server_files(run_dir: Path, *, kcp: KcpInstance, api: Workspace, port: int) -> str:
+    """TLS material and vwserver's config (kcp mode); returns vwserver's base URL."""
     run_dir.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
@@ -56,19 +60,16 @@ def write_files(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, port: int)
         "externalURL": base,
         # vwserver's own identity towards kcp: the demo uses kcp-admin.
         "upstream": {"kubeconfig": str(kcp.kubeconfig), "context": kcp.admin_context},
-        "slices": [
-            {
-                "cluster": world.provider.cluster,
-                "name": name,
-                "upstreamURL": world.vw_url,
-                "selector": {"matchLabels": labels},
-            }
-            for name, labels in SLICES.items()
-        ],
+        # kcp mode: the slices come from kcp, where the demo created them with kubectl.
+        "controller": {"export": {"path": api.path}, "resyncSeconds": 10},
     }
     (run_dir / "vwserver.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    for name in SLICES:
-        endpoint = slice_url(base, world, name)
+    return base
+
+
+def write_kubeconfigs(run_dir: Path, endpoints: dict[str, str]) -> None:
+    """One kubeconfig per slice, pointing at its endpoint's wildcard cluster."""
+    for name, endpoint in endpoints.items():
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -89,22 +90,24 @@ def write_files(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, port: int)
             "current-context": name,
         }
         (run_dir / f"{name}.kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
-    return base
 
 
-def slice_url(base: str, world: Bootstrap, name: str) -> str:
-    return f"{base}/services/filtered-apiexport/{world.provider.cluster}/{name}"
-
-
-def instructions(run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, base: str) -> str:
+def instructions(
+    run_dir: Path, *, kcp: KcpInstance, world: Bootstrap, base: str, endpoints: dict[str, str]
+) -> str:
     rel = os.path.relpath(run_dir, Path.cwd())
     a = world.consumer("consumer-a")
     widget = next(w for w in world.widgets if w.cluster == a.cluster and w.labels["env"] == "prod")
-    prod = slice_url(base, world, "prod")
-    admin = f"kubectl --kubeconfig {shlex.quote(str(kcp.kubeconfig))} --server {a.url}"
+    prod = endpoints["prod"]
+    kc = shlex.quote(str(kcp.kubeconfig))
+    admin = f"kubectl --kubeconfig {kc} --server {a.url}"
+    provider = f"kubectl --kubeconfig {kc} --server {world.provider.url}"
     lines = [
         "",
         f"vwserver is serving 2 slices of {world.export_name} at {base} (TLS, CA {rel}/ca.crt)",
+        "",
+        f"# the slices, as the provider sees them in {world.provider.path}:",
+        f"{provider} get filteredapiexportendpointslices -o wide",
         "",
         "# every prod widget in every consumer workspace (the wildcard endpoint):",
         f"kubectl --kubeconfig {rel}/prod.kubeconfig get widgets -A",
@@ -139,7 +142,17 @@ async def run(*, run_dir: Path, port: int) -> None:
         print(f"kcp ready at {kcp.url} after {kcp.ready_seconds:.1f}s; bootstrapping the demo")
         world = await bootstrap(kcp)
         print(world.describe())
-        base = write_files(run_dir, kcp=kcp, world=world, port=port)
+        api = await install_api(kcp, workspace="vwserver")
+        await bind_api(kcp, world.provider, api=api)
+        for name, labels in SLICES.items():
+            manifest = slice_manifest(
+                name,
+                export_path=world.provider.path,
+                export_name=world.export_name,
+                selector={"matchLabels": labels},
+            )
+            await kcp.kubectl("apply", "-f", "-", server=world.provider.url, input=manifest)
+        base = write_server_files(run_dir, kcp=kcp, api=api, port=port)
         server = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -150,7 +163,15 @@ async def run(*, run_dir: Path, port: int) -> None:
         )
         try:
             await _wait_ready(base, ca=run_dir / "ca.crt", server=server)
-            print(instructions(run_dir, kcp=kcp, world=world, base=base), flush=True)
+            endpoints = {}
+            for name in SLICES:
+                status = await wait_slice_ready(kcp, world.provider, name, within=30)
+                endpoints[name] = status["endpoints"][0]["url"]
+            write_kubeconfigs(run_dir, endpoints)
+            print(
+                instructions(run_dir, kcp=kcp, world=world, base=base, endpoints=endpoints),
+                flush=True,
+            )
             waiter = asyncio.ensure_future(server.wait())
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
