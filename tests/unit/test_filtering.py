@@ -43,19 +43,22 @@ def event(kind: str, obj: dict[str, object]) -> bytes:
 def test_matching_events_pass_as_original_bytes(kind: str) -> None:
     line = event(kind, widget("a", "prod"))
     verdict = filter_event(line, PROD)
-    assert verdict.out is line  # the very same bytes, not a re-encoding
+    assert verdict.forward  # the very same bytes go out, not a re-encoding
+    assert verdict.replacement is None
 
 
 def test_non_matching_added_is_dropped() -> None:
-    assert filter_event(event("ADDED", widget("a", "dev")), PROD).out is None
+    verdict = filter_event(event("ADDED", widget("a", "dev")), PROD)
+    assert not verdict.forward
+    assert verdict.replacement is None
 
 
 @pytest.mark.parametrize("kind", ["MODIFIED", "DELETED"])
 def test_non_matching_modified_or_deleted_becomes_minimal_deleted(kind: str) -> None:
     verdict = filter_event(event(kind, widget("a", "dev")), PROD)
-    assert verdict.synthesized
-    assert verdict.out is not None
-    out = json.loads(verdict.out)
+    assert not verdict.forward
+    assert verdict.replacement is not None
+    out = json.loads(verdict.replacement)
     assert out == {
         "type": "DELETED",
         "object": {
@@ -70,7 +73,7 @@ def test_non_matching_modified_or_deleted_becomes_minimal_deleted(kind: str) -> 
             },
         },
     }
-    assert b"hunter2" not in verdict.out and b"dev" not in verdict.out
+    assert b"hunter2" not in verdict.replacement and b"dev" not in verdict.replacement
 
 
 def test_bookmarks_and_errors_pass_unchanged() -> None:
@@ -85,9 +88,9 @@ def test_bookmarks_and_errors_pass_unchanged() -> None:
             },
         },
     )
-    assert filter_event(bookmark, PROD).out is bookmark
+    assert filter_event(bookmark, PROD).forward
     error = event("ERROR", {"kind": "Status", "apiVersion": "v1", "code": 410, "reason": "Expired"})
-    assert filter_event(error, PROD).out is error
+    assert filter_event(error, PROD).forward
 
 
 @pytest.mark.parametrize(
@@ -144,3 +147,20 @@ def test_table_rows_need_a_matching_object() -> None:
 def test_non_list_is_rejected() -> None:
     with pytest.raises(UndecodableError):
         decode_page(json.dumps(widget("a", "prod")).encode())
+
+
+def test_frame_events_forwards_runs_and_keeps_partial_lines() -> None:
+    from vwserver.proxy.watch import frame_events
+
+    a, b, c = (
+        event("MODIFIED", widget(n, e)) for n, e in (("a", "prod"), ("b", "dev"), ("c", "prod"))
+    )
+    partial = event("ADDED", widget("d", "prod"))[:20]
+    buffer = bytearray(a + b + c + partial)
+    out, consumed = frame_events(buffer, selector=PROD)
+    assert consumed == len(a + b + c)
+    lines = out.splitlines(keepends=True)
+    assert lines[0] == a
+    assert json.loads(lines[1])["type"] == "DELETED"  # b left the slice: minimal DELETED
+    assert b"spec-of" not in lines[1] and b"hunter2" not in lines[1]
+    assert lines[2] == c

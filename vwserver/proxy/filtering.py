@@ -50,6 +50,7 @@ _table_decoder = msgspec.json.Decoder(TablePage)
 _list_labels_decoder = msgspec.json.Decoder(ListLabels)
 _table_labels_decoder = msgspec.json.Decoder(TableLabels)
 _encoder = msgspec.json.Encoder()
+_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
 
 
 class UndecodableError(ValueError):
@@ -177,14 +178,19 @@ def synthetic_deleted(head: ObjectHead) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class EventVerdict:
-    """What to do with one upstream watch line: ``out`` bytes to send (None: drop)."""
+    """What to do with one upstream watch line."""
 
-    out: bytes | None
     type: str
-    synthesized: bool = False
+    forward: bool = False
+    """Send the original line unchanged."""
+    replacement: bytes | None = None
+    """Send this instead (a synthetic DELETED); nothing at all if neither is set."""
 
 
-def filter_event(line: bytes, selector: Selector) -> EventVerdict:
+_FORWARD = {kind: EventVerdict(kind, forward=True) for kind in _EVENT_TYPES}
+
+
+def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
     """Decide one watch event (one JSON line, newline included). Raises UndecodableError.
 
     The common case — a matching event — costs one decode that reads only the type and the
@@ -195,16 +201,15 @@ def filter_event(line: bytes, selector: Selector) -> EventVerdict:
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     kind = event.type
-    if kind in ("BOOKMARK", "ERROR"):
-        return EventVerdict(line, kind)
-    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+    forward = _FORWARD.get(kind)
+    if forward is None:
         raise UndecodableError(f"unknown watch event type {kind!r}")
-    if selector.matches(event.object.metadata.labels):
-        return EventVerdict(line, kind)
+    if kind in ("BOOKMARK", "ERROR") or selector.matches(event.object.metadata.labels):
+        return forward
     if kind == "ADDED":
-        return EventVerdict(None, kind)
+        return EventVerdict(kind)
     try:
         head = decode_head(_event_decoder.decode(line).object)
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
-    return EventVerdict(synthetic_deleted(head), kind, synthesized=True)
+    return EventVerdict(kind, replacement=synthetic_deleted(head))

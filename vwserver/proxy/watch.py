@@ -75,14 +75,27 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
 
 
 def frame_events(buffer: bytearray, *, selector: Selector) -> tuple[bytes, int]:
-    """Filter every complete event in ``buffer``; returns (bytes to send, bytes consumed)."""
+    """Filter every complete event in ``buffer``; returns (bytes to send, bytes consumed).
+
+    Lines are decoded straight from the buffer (a memoryview, no copy per event), and runs of
+    consecutive forwarded events are sent as one slice of the original bytes.
+    """
     out: list[bytes] = []
-    start = 0
-    while (end := buffer.find(b"\n", start)) != -1:
-        line = bytes(buffer[start : end + 1])
-        start = end + 1
-        if line.strip():
-            verdict = filter_event(line, selector)
-            if verdict.out is not None:
-                out.append(verdict.out)
+    start = run = 0  # run: where the current stretch of forwarded lines begins
+    view = memoryview(buffer)
+    try:
+        while (end := buffer.find(b"\n", start)) != -1:
+            if end - start > 1:  # not an empty keep-alive line
+                verdict = filter_event(view[start : end + 1], selector)
+                if not verdict.forward:
+                    if run < start:
+                        out.append(bytes(view[run:start]))
+                    if verdict.replacement is not None:
+                        out.append(verdict.replacement)
+                    run = end + 1
+            start = end + 1
+        if run < start:
+            out.append(bytes(view[run:start]))
+    finally:
+        view.release()
     return b"".join(out), start
