@@ -112,7 +112,7 @@ def test_page_filtering_and_header() -> None:
     ).encode()
     page = decode_page(body)
     visible = list(page.visible(PROD))
-    assert [json.loads(v)["metadata"]["name"] for v in visible] == ["a", "c"]
+    assert [json.loads(bytes(v))["metadata"]["name"] for v in visible] == ["a", "c"]
     out = list_header(page, resource_version="7", continue_token="") + b",".join(visible)
     doc = json.loads(out + LIST_FOOTER)
     assert doc["metadata"] == {"resourceVersion": "7"}
@@ -136,7 +136,7 @@ def test_table_rows_need_a_matching_object() -> None:
     ).encode()
     page = decode_page(body)
     assert page.is_table
-    visible = [json.loads(v)["cells"][0] for v in page.visible(PROD)]
+    visible = [json.loads(bytes(v))["cells"][0] for v in page.visible(PROD)]
     assert visible == ["a"]
     header = list_header(page, resource_version="7", continue_token="c")
     doc = json.loads(header + b"]}")

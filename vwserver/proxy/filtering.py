@@ -79,11 +79,12 @@ class Page:
     labels: list[dict[str, str] | _NoObject | None]
     """Each entry's labels; a Table row without an embedded object can never be shown."""
 
-    def visible(self, selector: Selector) -> list[bytes]:
-        """The raw bytes of every entry that matches ``selector``."""
+    def visible(self, selector: Selector) -> list[msgspec.Raw]:
+        """The raw entries that match ``selector``, to be joined as they are (``msgspec.Raw``
+        supports the buffer protocol, so ``b",".join`` copies each entry exactly once)."""
         matches = selector.matches
         return [
-            bytes(entry)
+            entry
             for entry, labels in zip(self.entries, self.labels, strict=True)
             if not isinstance(labels, _NoObject) and matches(labels)
         ]

@@ -42,7 +42,7 @@ def body_visible(body: bytes, ctx: ProxyRequest) -> bool:
         head = decode_head(body)
         if head.kind == "Table":
             page = decode_page(body)
-            return bool(page.entries) and len(list(page.visible(selector))) == len(page.entries)
+            return bool(page.entries) and len(page.visible(selector)) == len(page.entries)
         return selector.matches(head.metadata.labels)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable object: {e}") from e
