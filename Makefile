@@ -59,11 +59,15 @@ e2e: $(STAMP) kcp
 bench: $(STAMP)
 	$(BIN)/python scripts/bench/run.py
 
-# Refresh requirements.lock from a fresh resolve (commit the result).
+# Refresh the locks from a fresh resolve (commit the result): requirements.lock (everything, for
+# development) and requirements-runtime.lock (its runtime subset, for the container image).
 lock:
 	rm -rf /tmp/vwserver-lock && $(PYTHON) -m venv /tmp/vwserver-lock
 	/tmp/vwserver-lock/bin/pip install --quiet '.[dev]'
 	/tmp/vwserver-lock/bin/pip freeze --exclude-editable | grep -v '^vwserver' > requirements.lock
+	rm -rf /tmp/vwserver-lock && $(PYTHON) -m venv /tmp/vwserver-lock
+	/tmp/vwserver-lock/bin/pip install --quiet -c requirements.lock .
+	/tmp/vwserver-lock/bin/pip freeze | grep -v '^vwserver' > requirements-runtime.lock
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

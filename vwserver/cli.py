@@ -1,7 +1,10 @@
 """The ``vwserver`` command line.
 
-``vwserver serve --config FILE`` runs the filtering proxy. Configuration errors are printed as
-one line naming the field and the problem, with exit code 2, and never as a traceback.
+``vwserver serve --config FILE`` runs the filtering proxy; ``vwserver kubeconfig`` writes a
+kubeconfig for a slice endpoint (:mod:`vwserver.clientconfig`); ``vwserver sync --config FILE``
+runs the syncer (:mod:`vwserver.syncer`). Configuration and usage errors are
+printed as one line naming the field or flag and the problem, with exit code 2, and never as a
+traceback.
 """
 
 from __future__ import annotations
@@ -13,15 +16,24 @@ import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from vwserver import clientconfig
 from vwserver.config import Config, load_config
 from vwserver.errors import ConfigError
 from vwserver.server import serve
+from vwserver.syncer import cli as syncer_cli
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``vwserver kubeconfig: argument --cluster: ...``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vwserver",
         description="Filtered APIExport virtual workspaces for kcp.",
     )
@@ -30,11 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    clientconfig.add_parser(sub)
+    syncer_cli.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "kubeconfig":
+        try:
+            clientconfig.run(args)
+        except ConfigError as e:
+            print(f"vwserver kubeconfig: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == syncer_cli.COMMAND:
+        return syncer_cli.run(args, run_loop=_run)
     try:
         config = load_config(args.config)
     except ConfigError as e:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import yaml
 
+from vwserver.auth import access, tokens
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.selector import Selector
 
@@ -51,8 +52,34 @@ class Listen(_Strict):
 
 
 class TLS(_Strict):
+    # Reloaded when the files change (vwserver.auth.tls): rotation needs no restart.
     cert_file: str
     key_file: str
+    # Client certificates signed by this CA authenticate (CN = user, O = groups); read at start.
+    client_ca_file: str | None = msgspec.field(default=None, name="clientCAFile")
+
+
+class AuthCache(_Strict):
+    """How long kcp's review answers are reused, in seconds (0: not cached), and how many."""
+
+    token_ttl_seconds: float = msgspec.field(default=tokens.DEFAULT_TTL, name="tokenTTLSeconds")
+    token_negative_ttl_seconds: float = msgspec.field(
+        default=tokens.DEFAULT_NEGATIVE_TTL, name="tokenNegativeTTLSeconds"
+    )
+    allow_ttl_seconds: float = msgspec.field(
+        default=access.DEFAULT_ALLOW_TTL, name="allowTTLSeconds"
+    )
+    deny_ttl_seconds: float = msgspec.field(default=access.DEFAULT_DENY_TTL, name="denyTTLSeconds")
+    max_entries: int = tokens.DEFAULT_MAX_ENTRIES
+
+
+class Auth(_Strict):
+    """Who may use which slice (vwserver.auth.guard has the details of both modes)."""
+
+    # delegated: vwserver checks the caller with kcp, then calls kcp as itself.
+    # passthrough: the same checks, then the caller's own token goes to kcp.
+    mode: Literal["delegated", "passthrough"] = "delegated"
+    cache: AuthCache = msgspec.field(default_factory=AuthCache)
 
 
 class Upstream(_Strict):
@@ -119,6 +146,7 @@ class Config(_Strict):
     insecure_serving: bool = False
     external_url: str | None = msgspec.field(default=None, name="externalURL")
     upstream: Upstream = msgspec.field(default_factory=Upstream)
+    auth: Auth = msgspec.field(default_factory=Auth)
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
     controller: ControllerConfig | None = None
     list_page_size: int = 500
@@ -179,6 +207,14 @@ def _validate(config: Config, *, base_dir: Path) -> None:
     if config.tls is not None:
         for name in ("cert_file", "key_file"):
             _require_file(getattr(config.tls, name), field=f"$.tls.{_camel(name)}", base=base_dir)
+        if config.tls.client_ca_file is not None:
+            _require_file(config.tls.client_ca_file, field="$.tls.clientCAFile", base=base_dir)
+            if config.auth.mode == "passthrough":
+                raise ConfigError(
+                    "$.tls.clientCAFile",
+                    "client certificates cannot be forwarded to kcp in auth.mode passthrough",
+                )
+    _validate_auth(config.auth)
     if config.controller is not None:
         if config.external_url is None:
             raise ConfigError(
@@ -236,6 +272,20 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         if s.upstream_url is not None and not s.upstream_url.startswith(("https://", "http://")):
             raise ConfigError(f"{field}.upstreamURL", f"{s.upstream_url!r} is not an http(s) URL")
         slice_selector(s, field=field)
+
+
+def _validate_auth(auth: Auth) -> None:
+    cache = auth.cache
+    for field, value in (
+        ("tokenTTLSeconds", cache.token_ttl_seconds),
+        ("tokenNegativeTTLSeconds", cache.token_negative_ttl_seconds),
+        ("allowTTLSeconds", cache.allow_ttl_seconds),
+        ("denyTTLSeconds", cache.deny_ttl_seconds),
+    ):
+        if value < 0:
+            raise ConfigError(f"$.auth.cache.{field}", "must not be negative")
+    if cache.max_entries < 1:
+        raise ConfigError("$.auth.cache.maxEntries", "must be at least 1")
 
 
 def _camel(name: str) -> str:

@@ -9,16 +9,21 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
 
     VWServerError
     ├── ConfigError            bad configuration file or CLI input (never reaches the wire)
-    └── RequestError           anything that ends one HTTP request with a Status
-        ├── SelectorError      400  a label selector that does not parse or validate
-        ├── BadRequest         400  malformed path, query or body
-        ├── Forbidden          403  a verb the endpoint does not allow on that resource
-        ├── NotFound           404  unknown slice, or an object outside the slice
-        ├── MethodNotAllowed   405  e.g. writes on the ``clusters/*`` wildcard
-        ├── Conflict           409  the object changed between check and write
-        ├── Invalid            422  a write would put the object outside the slice
-        ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
-        └── BadGateway         502  upstream answered with something we cannot use
+    ├── RequestError           anything that ends one HTTP request with a Status
+    │   ├── SelectorError      400  a label selector that does not parse or validate
+    │   ├── BadRequest         400  malformed path, query or body
+    │   ├── Unauthorized       401  no credentials, or ones kcp does not accept (vwserver.auth)
+    │   ├── Forbidden          403  a verb the endpoint does not allow on that resource, or a
+    │   │                           caller without permission on the slice (vwserver.auth)
+    │   ├── NotFound           404  unknown slice, or an object outside the slice
+    │   ├── MethodNotAllowed   405  e.g. writes on the ``clusters/*`` wildcard
+    │   ├── Conflict           409  the object changed between check and write
+    │   ├── Invalid            422  a write would put the object outside the slice
+    │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
+    │   └── BadGateway         502  upstream answered with something we cannot use
+    └── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
+        │                      reported on the kcp object as a condition, never as a Status
+        └── OwnershipError     a downstream object or namespace exists but is not this syncer's
 """
 
 from __future__ import annotations
@@ -70,6 +75,14 @@ class BadRequest(RequestError):
     reason = "BadRequest"
 
 
+class Unauthorized(RequestError):
+    """No credentials, or credentials kcp does not accept. The apiserver answers these with the
+    bare message ``Unauthorized`` and no hint why (a token's validity is not disclosed)."""
+
+    code = 401
+    reason = "Unauthorized"
+
+
 class Forbidden(RequestError):
     code = 403
     reason = "Forbidden"
@@ -103,3 +116,15 @@ class BadGateway(RequestError):
 class UpstreamUnavailable(RequestError):
     code = 503
     reason = "ServiceUnavailable"
+
+
+class SyncError(VWServerError):
+    """One step of the syncer failed; the controller retries it with backoff and reports it."""
+
+    reason: ClassVar[str] = "SyncFailed"
+
+
+class OwnershipError(SyncError):
+    """A downstream object or namespace exists but belongs to someone else: never touched."""
+
+    reason = "NotOwned"

@@ -17,6 +17,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from vwserver.auth.access import AccessReviewer
+from vwserver.auth.guard import AuthMode, Guard
+from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
+from vwserver.auth.tokens import TokenReviewer
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.controller.controller import ControllerSettings, SliceController
 from vwserver.controller.lease import LeaderElector
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # The apiserver accepts request bodies up to 3 MiB; leave room for the envelope.
 MAX_REQUEST_BODY = 4 * 2**20
+# TokenReviews and SubjectAccessReviews hold up a request: fail it (503) rather than hang.
+REVIEW_TIMEOUT = 10.0
 
 _UPSTREAM_KEY = web.AppKey("upstream", UpstreamClient)
 ROUTES_KEY = web.AppKey("routes", Routes)
@@ -43,13 +49,15 @@ def build_app(
     upstream: UpstreamClient,
     page_size: int = 500,
     ready: Callable[[], bool] | None = None,
+    guard: Guard | None = None,
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
-    list of slices); liveness never depends on kcp."""
+    list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
+    slice request (None: no checks, for tests); health endpoints are always open."""
     app = web.Application(client_max_size=MAX_REQUEST_BODY)
     app[ROUTES_KEY] = routes
     app[_UPSTREAM_KEY] = upstream
-    handler = ProxyHandler(routes=routes, upstream=upstream, page_size=page_size)
+    handler = ProxyHandler(routes=routes, upstream=upstream, page_size=page_size, guard=guard)
     for path in ("/healthz", "/livez"):
         app.router.add_get(path, _ok)
     app.router.add_get("/readyz", _readyz(ready))
@@ -125,22 +133,52 @@ def _origin(server: str) -> str:
     return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
-def server_ssl_context(config: Config, *, base_dir: Path) -> ssl.SSLContext | None:
+def serving_tls(config: Config, *, base_dir: Path) -> ServingTLS | None:
+    """The listener's TLS context (reloadable), or None for ``insecureServing``."""
     if config.tls is None:
         return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ca = config.tls.client_ca_file
+    client_ca = resolve(ca, base=base_dir) if ca else None
+    if client_ca is not None:
+        try:  # on a scratch context, so that a bad CA file is reported as such
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=str(client_ca))
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError("$.tls.clientCAFile", f"cannot load CA: {e}") from e
     try:
-        ctx.load_cert_chain(
-            resolve(config.tls.cert_file, base=base_dir),
-            resolve(config.tls.key_file, base=base_dir),
+        return ServingTLS(
+            cert_file=resolve(config.tls.cert_file, base=base_dir),
+            key_file=resolve(config.tls.key_file, base=base_dir),
+            client_ca_file=client_ca,
         )
     except (OSError, ssl.SSLError) as e:
         raise ConfigError("$.tls", f"cannot load certificate/key: {e}") from e
-    return ctx
 
 
-async def serve(config: Config, *, base_dir: Path, stop: asyncio.Event) -> None:
+def build_guard(config: Config, *, client: KubeClient) -> Guard:
+    """The Guard of ``config.auth``; ``client`` (vwserver's identity) posts the reviews."""
+    cache = config.auth.cache
+    tokens = TokenReviewer(
+        client=client,
+        ttl=cache.token_ttl_seconds,
+        negative_ttl=cache.token_negative_ttl_seconds,
+        max_entries=cache.max_entries,
+    )
+    access = AccessReviewer(
+        client=client,
+        allow_ttl=cache.allow_ttl_seconds,
+        deny_ttl=cache.deny_ttl_seconds,
+        max_entries=cache.max_entries,
+    )
+    return Guard(tokens=tokens, access=access, mode=AuthMode(config.auth.mode))
+
+
+async def serve(
+    config: Config,
+    *,
+    base_dir: Path,
+    stop: asyncio.Event,
+    tls_reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+) -> None:
     """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set."""
     auth = upstream_auth(config, base_dir=base_dir)
     static = static_routes(config, auth=auth)
@@ -153,13 +191,22 @@ async def serve(config: Config, *, base_dir: Path, stop: asyncio.Event) -> None:
             task = asyncio.create_task(controller.run(), name="slice-controller")
             stack.push_async_callback(_cancel, task)
             stack.push_async_callback(controller.aclose)
+        reviews = await stack.enter_async_context(KubeClient(auth=auth, timeout=REVIEW_TIMEOUT))
         app = build_app(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
             page_size=config.list_page_size,
             ready=controller.synced.is_set if controller is not None else None,
+            guard=build_guard(config, client=reviews),
         )
-        await _run_site(app, config, base_dir=base_dir, stop=stop, routes=routes)
+        await _run_site(
+            app,
+            config,
+            base_dir=base_dir,
+            stop=stop,
+            routes=routes,
+            tls_reload_interval=tls_reload_interval,
+        )
 
 
 def build_controller(
@@ -194,8 +241,15 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 
 async def _run_site(
-    app: web.Application, config: Config, *, base_dir: Path, stop: asyncio.Event, routes: Routes
+    app: web.Application,
+    config: Config,
+    *,
+    base_dir: Path,
+    stop: asyncio.Event,
+    routes: Routes,
+    tls_reload_interval: float,
 ) -> None:
+    tls = serving_tls(config, base_dir=base_dir)
     # handler_cancellation: a client that goes away cancels its handler, which closes the
     # upstream request at once (issue #2 §3) instead of holding an idle watch open.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -204,9 +258,18 @@ async def _run_site(
         runner,
         config.listen.host,
         config.listen.port,
-        ssl_context=server_ssl_context(config, base_dir=base_dir),
+        ssl_context=tls.context if tls is not None else None,
     )
     await site.start()
+    reload_task = (
+        asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
+        if tls is not None
+        else None
+    )
+    if tls is None:
+        log.warning(
+            "insecureServing: plain HTTP, bearer tokens travel unencrypted; development only"
+        )
     scheme = "https" if config.tls else "http"
     log.info(
         "serving %d static slice(s)%s on %s://%s:%d%s",
@@ -220,4 +283,6 @@ async def _run_site(
     try:
         await stop.wait()
     finally:
+        if reload_task is not None:
+            await _cancel(reload_task)
         await runner.cleanup()

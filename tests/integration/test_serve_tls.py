@@ -19,6 +19,7 @@ from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
+from vwserver.testing.fake_auth import FakeAuth
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 from vwserver.testing.serve import serve_app
 
@@ -68,6 +69,11 @@ async def test_tls_to_clients_and_to_the_upstream(tmp_path: Path) -> None:
     fake = FakeUpstream()
     fake.create(cluster="c1", obj=widget("a", env="prod"))
     fake.create(cluster="c1", obj=widget("b", env="dev"))
+    # The fake upstream also plays kcp's TokenReview/SubjectAccessReview (auth is always on).
+    auth = FakeAuth(reviewer_token="t")
+    auth.add_user("caller-token", "alice")
+    auth.grant(cluster="slicews", slice_name="prod", user="alice", verbs=["list"])
+    auth.install(fake.app)
     port = free_port()
     async with start_fake_upstream(fake, ssl_context=upstream_ctx) as (_, vw_url):
         origin = vw_url.removesuffix(fake.base_path)
@@ -97,7 +103,7 @@ async def test_tls_to_clients_and_to_the_upstream(tmp_path: Path) -> None:
             url = f"{base}/services/filtered-apiexport/slicews/prod/clusters/*/apis/example.io/v1alpha1/widgets"
             async with (
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ctx)) as s,
-                s.get(url) as r,
+                s.get(url, headers={"Authorization": "Bearer caller-token"}) as r,
             ):
                 assert r.status == 200
                 names = [i["metadata"]["name"] for i in json.loads(await r.read())["items"]]

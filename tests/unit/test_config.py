@@ -71,6 +71,23 @@ def test_good_config_loads(tmp_path: Path) -> None:
         (lambda d: d.update(upstream={}), "$.upstream", "either"),
         (lambda d: d.update(upstream={"kubeconfig": "nope"}), "$.upstream.kubeconfig", "exist"),
         (lambda d: d["slices"].append(d["slices"][0]), "$.slices[1]", "duplicate"),
+        (lambda d: d.update(auth={"mode": "none"}), "$.auth.mode", "Invalid enum value"),
+        (
+            lambda d: d.update(auth={"cache": {"allowTTLSeconds": -1}}),
+            "$.auth.cache.allowTTLSeconds",
+            "negative",
+        ),
+        (
+            lambda d: d.update(auth={"cache": {"tokenNegativeTTLSeconds": "5s"}}),
+            "$.auth.cache.tokenNegativeTTLSeconds",
+            "Expected `float`",
+        ),
+        (
+            lambda d: d.update(auth={"cache": {"maxEntries": 0}}),
+            "$.auth.cache.maxEntries",
+            "at least 1",
+        ),
+        (lambda d: d.update(auth={"cache": {"ttl": 1}}), "ttl", "unknown field"),
     ],
 )
 def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: str) -> None:
@@ -80,6 +97,34 @@ def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: 
         load_config(write(tmp_path, doc))
     assert field in str(info.value)
     assert problem.lower() in str(info.value).lower()
+
+
+def test_auth_defaults_to_delegated_with_short_caches(tmp_path: Path) -> None:
+    auth = load_config(write(tmp_path, good())).auth
+    assert auth.mode == "delegated"
+    assert auth.cache.deny_ttl_seconds < auth.cache.allow_ttl_seconds
+    assert 0 < auth.cache.token_negative_ttl_seconds <= auth.cache.token_ttl_seconds <= 60
+
+
+def with_tls(tmp_path: Path, **tls: str) -> dict[str, Any]:
+    for name in ("tls.crt", "tls.key", "clients-ca.crt"):
+        (tmp_path / name).write_text("not parsed by the config loader")
+    doc = good()
+    doc.pop("insecureServing")
+    doc["tls"] = {"certFile": "tls.crt", "keyFile": "tls.key", **tls}
+    return doc
+
+
+def test_client_ca_file_is_checked_and_excludes_passthrough(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, with_tls(tmp_path, clientCAFile="clients-ca.crt")))
+    assert config.tls is not None
+    assert config.tls.client_ca_file == "clients-ca.crt"
+    with pytest.raises(ConfigError, match=r"^\$\.tls\.clientCAFile: file 'nope' does not exist"):
+        load_config(write(tmp_path, with_tls(tmp_path, clientCAFile="nope")))
+    doc = with_tls(tmp_path, clientCAFile="clients-ca.crt")
+    doc["auth"] = {"mode": "passthrough"}
+    with pytest.raises(ConfigError, match=r"^\$\.tls\.clientCAFile: .*passthrough"):
+        load_config(write(tmp_path, doc))
 
 
 def test_empty_selector_allowed_explicitly(tmp_path: Path) -> None:

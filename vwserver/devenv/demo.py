@@ -67,8 +67,8 @@ def write_server_files(run_dir: Path, *, kcp: KcpInstance, api: Workspace, port:
     return base
 
 
-def write_kubeconfigs(run_dir: Path, endpoints: dict[str, str]) -> None:
-    """One kubeconfig per slice, pointing at its endpoint's wildcard cluster."""
+def write_kubeconfigs(run_dir: Path, endpoints: dict[str, str], *, token: str) -> None:
+    """One kubeconfig per slice, pointing at its endpoint's wildcard cluster, as alice."""
     for name, endpoint in endpoints.items():
         kubeconfig = {
             "apiVersion": "v1",
@@ -82,10 +82,10 @@ def write_kubeconfigs(run_dir: Path, endpoints: dict[str, str]) -> None:
                     },
                 }
             ],
-            # vwserver does not authenticate callers yet (issue #5); any token is accepted.
-            "users": [{"name": "demo", "user": {"token": "demo"}}],
+            # alice's kcp token: vwserver asks kcp who she is and whether she may use the slice.
+            "users": [{"name": "alice", "user": {"token": token}}],
             "contexts": [
-                {"name": name, "context": {"cluster": f"vwserver-{name}", "user": "demo"}}
+                {"name": name, "context": {"cluster": f"vwserver-{name}", "user": "alice"}}
             ],
             "current-context": name,
         }
@@ -109,8 +109,9 @@ def instructions(
         f"# the slices, as the provider sees them in {world.provider.path}:",
         f"{provider} get filteredapiexportendpointslices -o wide",
         "",
-        "# every prod widget in every consumer workspace (the wildcard endpoint):",
+        "# as alice, every prod widget in every consumer workspace (the wildcard endpoint):",
         f"kubectl --kubeconfig {rel}/prod.kubeconfig get widgets -A",
+        "# alice was granted only the prod slice (manifests/rbac/example-slice-user.yaml): 403",
         f"kubectl --kubeconfig {rel}/dev.kubeconfig get widgets -A",
         "",
         f"# one consumer workspace ({a.path}, logical cluster {a.cluster}):",
@@ -123,8 +124,8 @@ def instructions(
         f"{admin} label widget {widget.name} -n {widget.namespace} env=prod --overwrite",
         "",
         "# the same with curl:",
-        f"curl --cacert {rel}/ca.crt '{prod}/clusters/*/apis/{world.group}/{world.version}/"
-        f"{world.resource}'",
+        f"curl --cacert {rel}/ca.crt -H 'Authorization: Bearer {world.tokens['alice']}' "
+        f"'{prod}/clusters/*/apis/{world.group}/{world.version}/{world.resource}'",
         "",
         f"vwserver config: {rel}/vwserver.yaml   kcp admin kubeconfig: {kcp.kubeconfig}",
         "Ctrl-C stops vwserver and kcp.",
@@ -152,6 +153,11 @@ async def run(*, run_dir: Path, port: int) -> None:
                 selector={"matchLabels": labels},
             )
             await kcp.kubectl("apply", "-f", "-", server=world.provider.url, input=manifest)
+        # alice may use the slice "prod" (and nothing else of the export through vwserver).
+        await kcp.kubectl(
+            "apply", "-f", str(REPO / "manifests" / "rbac" / "example-slice-user.yaml"),
+            server=world.provider.url,
+        )  # fmt: skip
         base = write_server_files(run_dir, kcp=kcp, api=api, port=port)
         server = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -167,7 +173,7 @@ async def run(*, run_dir: Path, port: int) -> None:
             for name in SLICES:
                 status = await wait_slice_ready(kcp, world.provider, name, within=30)
                 endpoints[name] = status["endpoints"][0]["url"]
-            write_kubeconfigs(run_dir, endpoints)
+            write_kubeconfigs(run_dir, endpoints, token=world.tokens["alice"])
             print(
                 instructions(run_dir, kcp=kcp, world=world, base=base, endpoints=endpoints),
                 flush=True,

@@ -1,9 +1,11 @@
 """The filtering proxy's entry point: from an HTTP request to the right guarded operation.
 
 Order of decisions, each of which can end the request with a Status before anything is sent
-upstream: path syntax (400) → slice exists (404) → slice ready (503) → what the request is
-(verb/resource, 400/405) → allowed on this kind of target (wildcard: list/watch only, 405;
-apibindings: read-only, 403) → the verb's own guard.
+upstream: path syntax (400) → what the request is (verb/resource, 400/405) → who the caller is
+and whether it may use the slice with that verb (401/403, :mod:`vwserver.auth`; before the
+lookup, so a caller learns nothing about slices it may not use) → slice exists (404) → slice
+ready (503) → allowed on this kind of target (wildcard: list/watch only, 405; apibindings:
+read-only, 403) → the verb's own guard.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from vwserver.auth.guard import Guard
 from vwserver.errors import Forbidden, MethodNotAllowed, NotFound, RequestError, UpstreamUnavailable
 from vwserver.k8s.status import from_error
 from vwserver.proxy import lists, reads, watch, writes
@@ -40,10 +43,18 @@ _BY_VERB: dict[Verb, _Serve] = {
 class ProxyHandler:
     """Serves ``/services/filtered-apiexport/...`` for every slice in ``routes``."""
 
-    def __init__(self, *, routes: Routes, upstream: UpstreamClient, page_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        routes: Routes,
+        upstream: UpstreamClient,
+        page_size: int,
+        guard: Guard | None = None,
+    ) -> None:
         self._routes = routes
         self._upstream = upstream
         self._page_size = page_size
+        self._guard = guard
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -55,6 +66,15 @@ class ProxyHandler:
         path = split_slice_path(request.raw_path.split("?", 1)[0])
         if path is None:
             raise NotFound(f"the server could not find the requested resource {request.path!r}")
+        watch_param = request.query.get("watch", "").lower() in ("1", "true")
+        api = classify(path.api_path, method=request.method, watch=watch_param)
+        upstream = self._upstream
+        if self._guard is not None:
+            await self._guard.admit(
+                request, slice_cluster=path.slice_cluster, slice_name=path.slice_name, verb=api.verb
+            )
+            if (token := self._guard.upstream_token(request)) is not None:
+                upstream = upstream.for_caller(token)
         route = self._routes.table.lookup(path.slice_cluster, path.slice_name)
         if route is None:
             raise NotFound(
@@ -69,8 +89,6 @@ class ProxyHandler:
         upstream_base = route.upstream_for(path.shard)
         if upstream_base is None:
             raise NotFound(f"slice {route.cluster}/{route.name} has no shard {path.shard!r}")
-        watch_param = request.query.get("watch", "").lower() in ("1", "true")
-        api = classify(path.api_path, method=request.method, watch=watch_param)
         if path.wildcard and api.verb not in (Verb.LIST, Verb.WATCH) and not api.discovery:
             # kcp serves clusters/* for list and watch only (FIELD-NOTES).
             raise MethodNotAllowed(
@@ -81,7 +99,7 @@ class ProxyHandler:
             route=route,
             path=path,
             api=api,
-            upstream=self._upstream,
+            upstream=upstream,
             page_size=self._page_size,
             upstream_base=upstream_base,
         )

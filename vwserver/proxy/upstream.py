@@ -11,8 +11,11 @@ that clients back off and retry instead of failing hard.
 
 from __future__ import annotations
 
+import copy
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import aiohttp
 from multidict import CIMultiDict
@@ -66,6 +69,28 @@ class UpstreamClient:
         self._ssl = auth.ssl_context()
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        # Set on views made by for_caller() only.
+        self._caller_token: str | None = None
+        self._request_ssl: ssl.SSLContext | bool = True  # True: the connector's context
+        self._caller_ssl: ssl.SSLContext | bool = True
+        if auth.client_cert_pem:
+            anonymous = replace(auth, client_cert_pem=None, client_key_pem=None).ssl_context()
+            if isinstance(anonymous, ssl.SSLContext):
+                self._caller_ssl = anonymous
+
+    def for_caller(self, token: str) -> UpstreamClient:
+        """A view that sends the caller's ``token`` instead of vwserver's credentials
+        (``auth.mode: passthrough``, issue #5 §4), for one request.
+
+        It shares this client's session: do not start or close it. Its TLS connections carry no
+        client certificate even when vwserver's identity is one, or kcp would authenticate
+        vwserver by it (the apiserver tries x509 before bearer tokens); aiohttp pools
+        connections per TLS context, so they are never mixed with vwserver's own.
+        """
+        view = copy.copy(self)
+        view._caller_token = token
+        view._request_ssl = self._caller_ssl
+        return view
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(ssl=self._ssl, limit=0, limit_per_host=0)
@@ -106,7 +131,7 @@ class UpstreamClient:
         if query:
             target = target.with_query(query)
         send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
-        token = self._auth.bearer_token()
+        token = self._caller_token or self._auth.bearer_token()
         if token:
             send_headers["Authorization"] = f"Bearer {token}"
         timeout = aiohttp.ClientTimeout(
@@ -114,7 +139,12 @@ class UpstreamClient:
         )
         try:
             async with self._session.request(
-                method, target, headers=send_headers, data=data, timeout=timeout
+                method,
+                target,
+                headers=send_headers,
+                data=data,
+                timeout=timeout,
+                ssl=self._request_ssl,
             ) as response:
                 yield response
         except (aiohttp.ClientConnectionError, TimeoutError) as e:

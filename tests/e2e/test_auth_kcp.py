@@ -1,0 +1,572 @@
+"""Each slice endpoint is a security boundary, checked against real kcp (issue #5).
+
+Setup (once per module, on the session's kcp and demo world), everything in ``root:provider``:
+
+* vwserver's own identity is a ServiceAccount there, given exactly the shipped RBAC
+  (``manifests/rbac/vwserver-reviewer.yaml`` and ``vwserver-export-content.yaml``, subjects
+  pointed at it) — so these tests also prove that RBAC is sufficient;
+* the static user alice (``config/demo/users.csv``) is granted slice A with
+  ``manifests/rbac/example-slice-user.yaml`` (slice name swapped in); bob gets nothing;
+* an in-process vwserver serves slice A (env=prod) and slice B (env=dev) over TLS (trustme) with
+  client-certificate authentication and the Guard, and reloads its certificate files.
+
+kubectl is the client where a client's behaviour matters; raw HTTP (aiohttp) where the exact
+verb, header or status is the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import ssl
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import trustme
+import yaml
+
+from vwserver.auth.access import AccessReviewer
+from vwserver.auth.guard import AuthMode, Guard
+from vwserver.auth.tls import ServingTLS
+from vwserver.auth.tokens import TokenReviewer
+from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll
+from vwserver.devenv.kcp import KcpInstance, KubectlResult
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Route, Routes, RouteTable
+from vwserver.selector import Selector
+from vwserver.server import build_app
+from vwserver.testing.serve import serve_app
+
+REPO = Path(__file__).resolve().parents[2]
+RBAC = REPO / "manifests" / "rbac"
+SA = "vwserver-e2e"
+SLICE_A, SLICE_B = "auth-a", "auth-b"  # env=prod, env=dev
+TIMEOUT = 20.0
+
+
+@dataclass
+class Secured:
+    kcp: KcpInstance
+    world: Bootstrap
+    base: str
+    serving_ca: trustme.CA
+    next_ca: trustme.CA
+    """The CA of the certificate a rotation switches to."""
+    clients_ca: trustme.CA
+    tls_dir: Path
+    sa_auth: ClientAuth
+    client: KcpInstance
+    """kubectl towards the proxy: contexts alice, bob, wrong (token), alice-cert (certificate)."""
+
+    def url(self, slice_name: str, cluster: str, path: str = "") -> str:
+        return (
+            f"{self.base}/services/filtered-apiexport/{self.world.provider.cluster}/"
+            f"{slice_name}/clusters/{cluster}{path}"
+        )
+
+    def raw_path(self, slice_name: str, cluster: str, path: str) -> str:
+        """For ``kubectl get --raw``, which takes the path from the host's root."""
+        return self.url(slice_name, cluster, path).removeprefix(self.base)
+
+    async def kubectl(
+        self,
+        context: str,
+        slice_name: str,
+        cluster: str,
+        *args: str,
+        check: bool = True,
+        input: str | None = None,
+    ) -> KubectlResult:
+        return await self.client.kubectl(
+            *args,
+            context=context,
+            server=self.url(slice_name, cluster),
+            check=check,
+            input=input,
+        )
+
+    def ssl(self, ca: trustme.CA | None = None, cert: trustme.LeafCert | None = None) -> Any:
+        ctx = ssl.create_default_context()
+        (ca or self.serving_ca).configure_trust(ctx)
+        if cert is not None:
+            cert.configure_cert(ctx)
+        return ctx
+
+
+def consumer_a(world: Bootstrap) -> Workspace:
+    return world.consumer("consumer-a")
+
+
+def token(world: Bootstrap, user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {world.tokens[user]}"}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _with_subject(docs: list[dict[str, Any]], subject: dict[str, str]) -> str:
+    for doc in docs:
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["subjects"] = [subject]
+    return yaml.safe_dump_all(docs)
+
+
+def slice_grant(slice_name: str, user: str) -> str:
+    """manifests/rbac/example-slice-user.yaml for another slice and user."""
+    docs = _docs(RBAC / "example-slice-user.yaml")
+    role, binding = docs
+    role["metadata"]["name"] = f"slice-{slice_name}-content"
+    role["rules"][0]["resourceNames"] = [slice_name]
+    binding["metadata"]["name"] = f"slice-{slice_name}-content-{user}"
+    binding["roleRef"]["name"] = role["metadata"]["name"]
+    binding["subjects"] = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    return yaml.safe_dump_all(docs)
+
+
+async def wait_allowed(kcp: KcpInstance, world: Bootstrap, user: str, slice_name: str) -> None:
+    """Until kcp's authorizer has the new RBAC (answers are then cached by the Guard)."""
+    review = json.dumps(
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:authenticated"],
+                "resourceAttributes": {
+                    "verb": "get",
+                    "group": "sync.edge-connect.eu",
+                    "resource": "filteredapiexportendpointslices",
+                    "subresource": "content",
+                    "name": slice_name,
+                },
+            },
+        }
+    )
+
+    async def allowed() -> bool | None:
+        out = await kcp.kubectl(
+            "create", "-f", "-", "-o", "json", server=world.provider.url, input=review
+        )
+        return True if json.loads(out.stdout)["status"].get("allowed") else None
+
+    await poll(f"{user} allowed on slice {slice_name}", allowed, within=TIMEOUT)
+
+
+def client_kubeconfig(
+    path: Path, *, world: Bootstrap, ca: Path, alice_cert: Path, alice_key: Path
+) -> None:
+    users: list[dict[str, Any]] = [
+        {"name": name, "user": {"token": world.tokens[name]}} for name in ("alice", "bob")
+    ]
+    users += [
+        {"name": "wrong", "user": {"token": "not-a-token"}},
+        {
+            "name": "alice-cert",
+            "user": {"client-certificate": str(alice_cert), "client-key": str(alice_key)},
+        },
+    ]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "vwserver",
+                "cluster": {"server": "https://unused", "certificate-authority": str(ca)},
+            }
+        ],
+        "users": users,
+        "contexts": [
+            {"name": u["name"], "context": {"cluster": "vwserver", "user": u["name"]}}
+            for u in users
+        ],
+        "current-context": "alice",
+    }
+    path.write_text(yaml.safe_dump(doc))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def secured(
+    kcp: KcpInstance, world: Bootstrap, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Secured]:
+    provider = world.provider.url
+    # vwserver's identity: a ServiceAccount of the provider workspace with the shipped RBAC.
+    await kcp.kubectl("apply", "-f", "-", server=provider, input=json.dumps(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": "default"}}
+    ))  # fmt: skip
+    subject = {"kind": "ServiceAccount", "name": SA, "namespace": "default"}
+    content = _docs(RBAC / "vwserver-export-content.yaml")
+    content[0]["rules"][0]["resourceNames"] = [world.export_name]
+    for doc in (_with_subject(_docs(RBAC / "vwserver-reviewer.yaml"), subject),
+                _with_subject(content, subject)):  # fmt: skip
+        await apply_retrying(kcp, provider, doc, within=TIMEOUT)
+    await apply_retrying(kcp, provider, slice_grant(SLICE_A, "alice"), within=TIMEOUT)
+    sa_token = (
+        await kcp.kubectl("create", "token", SA, "--duration=2h", server=provider)
+    ).stdout.strip()
+    await wait_allowed(kcp, world, "alice", SLICE_A)
+
+    tmp = tmp_path_factory.mktemp("auth")
+    serving_ca, next_ca, clients_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    cert = serving_ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp / "tls.key"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp / "tls.crt"))
+    clients_ca.cert_pem.write_to_path(str(tmp / "clients-ca.crt"))
+    # kubectl trusts both serving CAs, so a rotation (in any test order) does not break it.
+    (tmp / "serving-cas.crt").write_bytes(serving_ca.cert_pem.bytes() + next_ca.cert_pem.bytes())
+    alice = clients_ca.issue_cert("alice.example", common_name="alice")
+    alice.private_key_pem.write_to_path(str(tmp / "alice.key"))
+    alice.cert_chain_pems[0].write_to_path(str(tmp / "alice.crt"))
+    client_kubeconfig(
+        tmp / "client.kubeconfig",
+        world=world,
+        ca=tmp / "serving-cas.crt",
+        alice_cert=tmp / "alice.crt",
+        alice_key=tmp / "alice.key",
+    )
+    client = dataclasses.replace(kcp, kubeconfig=tmp / "client.kubeconfig", admin_context="alice")
+
+    sa_auth = ClientAuth(server=kcp.url, ca_pem=kcp.ca_file.read_text(), token=sa_token)
+    tls = ServingTLS(
+        cert_file=tmp / "tls.crt", key_file=tmp / "tls.key", client_ca_file=tmp / "clients-ca.crt"
+    )
+    routes = Routes(
+        RouteTable(
+            Route(
+                cluster=world.provider.cluster,
+                name=name,
+                selector=Selector.parse(f"env={env}"),
+                upstream_url=world.vw_url,
+            )
+            for name, env in ((SLICE_A, "prod"), (SLICE_B, "dev"))
+        )
+    )
+    async with KubeClient(auth=sa_auth, timeout=10) as reviews:
+        guard = Guard(tokens=TokenReviewer(client=reviews), access=AccessReviewer(client=reviews))
+        app = build_app(
+            routes=routes, upstream=UpstreamClient(auth=sa_auth), page_size=3, guard=guard
+        )
+        reload = asyncio.create_task(tls.watch(interval=0.1))
+        try:
+            async with serve_app(app, ssl_context=tls.context) as base:
+                yield Secured(
+                    kcp, world, base, serving_ca, next_ca, clients_ca, tmp, sa_auth, client
+                )
+        finally:
+            reload.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reload
+
+
+async def request(
+    secured: Secured,
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    json_body: Any = None,
+    params: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=secured.ssl())) as session,
+        session.request(
+            method, url, headers=headers, json=json_body, params=params,
+            timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+        ) as r,
+    ):  # fmt: skip
+        raw = await r.read()
+        return r.status, json.loads(raw) if raw else None
+
+
+# --------------------------------------------------------------------------------------------
+
+
+async def test_granted_slice_200_other_slice_403(secured: Secured) -> None:
+    a = consumer_a(secured.world)
+    out = await secured.kubectl("alice", SLICE_A, "*", "get", "widgets", "-A", "-o", "json")
+    items = json.loads(out.stdout)["items"]
+    assert items
+    assert {i["metadata"]["labels"]["env"] for i in items} == {"prod"}
+    # kubectl prints "Error from server (Forbidden): unknown" when discovery is refused (kcp
+    # alike); a raw GET shows the Status message, which names the slice and the verb.
+    denied = await secured.kubectl("alice", SLICE_B, a.cluster, "get", "widgets", "-A", check=False)
+    assert denied.returncode != 0
+    assert "(Forbidden)" in denied.stderr
+    raw = secured.raw_path(SLICE_B, a.cluster, "/apis/example.io/v1alpha1/widgets")
+    denied = await secured.kubectl("alice", SLICE_B, a.cluster, "get", "--raw", raw, check=False)
+    assert denied.returncode != 0
+    assert f'"{SLICE_B}" is forbidden: User "alice" cannot list' in denied.stderr
+    raw = secured.raw_path(SLICE_A, a.cluster, "/apis/example.io/v1alpha1/widgets")
+    bob = await secured.kubectl("bob", SLICE_A, "*", "get", "--raw", raw, check=False)
+    assert bob.returncode != 0
+    assert 'User "bob" cannot list' in bob.stderr
+
+
+async def test_no_token_or_a_wrong_token_is_401(secured: Secured) -> None:
+    url = secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        status, body = await request(secured, "GET", url, headers=headers)
+        assert (status, body["reason"], body["message"]) == (401, "Unauthorized", "Unauthorized")
+    out = await secured.kubectl("wrong", SLICE_A, "*", "get", "widgets", "-A", check=False)
+    assert out.returncode != 0
+    assert "Unauthorized" in out.stderr
+
+
+async def test_alice_never_sees_or_changes_an_object_of_slice_b(secured: Secured) -> None:
+    world, kcp = secured.world, secured.kcp
+    a = consumer_a(world)
+    ns = "team-red"
+    victim = "dev-eu"  # env=dev: slice B's
+    before = json.loads(
+        (await kcp.kubectl("get", "widget", victim, "-n", ns, "-o", "json", server=a.url)).stdout
+    )
+    alice = token(world, "alice")
+    api = f"/apis/{world.group}/{world.version}/namespaces/{ns}/widgets"
+    obj = f"{api}/{victim}"
+    merge = {**alice, "Content-Type": "application/merge-patch+json"}
+    table = {**alice, "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    status_body = {**before, "status": {"phase": "Hacked"}}
+
+    # Through slice A: the object behaves as if it did not exist.
+    def via_a(path: str) -> str:
+        return secured.url(SLICE_A, a.cluster, path)
+
+    assert (await request(secured, "GET", via_a(obj), headers=alice))[0] == 404
+    status, listed = await request(secured, "GET", via_a(api), headers=alice)
+    assert status == 200
+    assert victim not in {i["metadata"]["name"] for i in listed["items"]}
+    assert listed["items"]
+    status, rows = await request(secured, "GET", via_a(api), headers=table)
+    assert status == 200
+    assert rows["kind"] == "Table"
+    assert victim not in {r["object"]["metadata"]["name"] for r in rows["rows"]}
+    patch = {"metadata": {"labels": {"hacked": "yes"}}}
+    assert (await request(secured, "PATCH", via_a(obj), headers=merge, json_body=patch))[0] == 404
+    assert (
+        await request(secured, "PUT", via_a(obj + "/status"), headers=alice, json_body=status_body)
+    )[0] == 404
+    assert (await request(secured, "DELETE", via_a(obj), headers=alice))[0] == 404
+    status, _ = await request(
+        secured, "DELETE", via_a(api), headers=alice, params={"labelSelector": "env=dev"}
+    )
+    assert status == 200  # deletes what matches env=prod AND env=dev: nothing
+    try:
+        await _watch_does_not_show(secured, via_a(api), alice, victim=victim, ns=ns, ws=a)
+    finally:
+        for name in (victim, "prod-eu"):
+            await kcp.kubectl("annotate", "widget", name, "-n", ns, "e2e/auth-", server=a.url)
+
+    # Through slice B (not granted): 403 for every verb, before anything reaches kcp.
+    def via_b(path: str) -> str:
+        return secured.url(SLICE_B, a.cluster, path)
+
+    attempts = [
+        ("GET", via_b(obj), alice, None, None),
+        ("GET", via_b(api), alice, None, None),
+        ("GET", via_b(api), alice, None, {"watch": "true"}),
+        ("GET", via_b(api), table, None, None),
+        ("PATCH", via_b(obj), merge, patch, None),
+        ("PUT", via_b(obj + "/status"), alice, status_body, None),
+        ("DELETE", via_b(obj), alice, None, None),
+        ("DELETE", via_b(api), alice, None, None),
+    ]
+    for method, url, headers, body, params in attempts:
+        status, answer = await request(
+            secured, method, url, headers=headers, json_body=body, params=params
+        )
+        assert (status, answer["reason"]) == (403, "Forbidden"), (method, url, params)
+        assert f'"{SLICE_B}" is forbidden' in answer["message"]
+
+    after = json.loads(
+        (await kcp.kubectl("get", "widget", victim, "-n", ns, "-o", "json", server=a.url)).stdout
+    )
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"] == before["spec"]
+    assert after.get("status") == before.get("status")
+
+
+async def _watch_does_not_show(
+    secured: Secured, url: str, headers: dict[str, str], *, victim: str, ns: str, ws: Workspace
+) -> None:
+    """A watch through slice A: a change to the victim is not delivered, a later one to a
+    prod object is (so the watch was live when the victim changed)."""
+    kcp = secured.kcp
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=secured.ssl())) as session,
+        session.get(url, headers=headers, params={"watch": "true"}) as watch,
+    ):
+        assert watch.status == 200
+        marker = uuid.uuid4().hex[:8]
+        for name in (victim, "prod-eu"):
+            await kcp.kubectl(
+                "annotate", "widget", name, "-n", ns, f"e2e/auth={marker}", "--overwrite",
+                server=ws.url,
+            )  # fmt: skip
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                line = await watch.content.readline()
+                assert line, "watch ended"
+                event = json.loads(line)
+                name = event["object"]["metadata"]["name"]
+                assert name != victim
+                if (
+                    name == "prod-eu"
+                    and event["object"]["metadata"].get("annotations", {}).get("e2e/auth") == marker
+                ):
+                    break
+
+
+async def test_client_certificates(secured: Secured) -> None:
+    out = await secured.kubectl("alice-cert", SLICE_A, "*", "get", "widgets", "-A", "-o", "name")
+    assert out.stdout.strip()
+    raw = secured.raw_path(SLICE_B, "*", "/apis/example.io/v1alpha1/widgets")
+    denied = await secured.kubectl("alice-cert", SLICE_B, "*", "get", "--raw", raw, check=False)
+    assert denied.returncode != 0
+    assert 'User "alice" cannot list' in denied.stderr
+    rogue = trustme.CA().issue_cert("alice.example", common_name="alice")
+    url = secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
+    tls12 = secured.ssl(cert=rogue)
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    for ctx in (tls12, secured.ssl(cert=rogue)):
+        with pytest.raises(aiohttp.ClientError):
+            async with (
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session,
+                session.get(url) as r,
+            ):
+                pytest.fail(f"a rogue certificate got an answer: {r.status}")
+
+
+async def test_impersonation_headers_do_not_change_who_kcp_sees(secured: Secured) -> None:
+    world = secured.world
+    spoof = {"Impersonate-User": "bob", "Impersonate-Group": "system:masters"}
+    # kcp honours these headers: vwserver's identity may not impersonate, so kcp would refuse ...
+    vw = f"{world.vw_url}/clusters/*/apis/example.io/v1alpha1/widgets"
+    async with (
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=secured.sa_auth.ssl_context())
+        ) as s,
+        s.get(vw, headers={"Authorization": f"Bearer {secured.sa_auth.token}", **spoof}) as r,
+    ):
+        assert r.status == 403
+    # ... but through vwserver they never arrive: kcp sees vwserver's identity and answers.
+    url = secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
+    status, body = await request(secured, "GET", url, headers={**token(world, "alice"), **spoof})
+    assert status == 200
+    assert body["items"]
+
+
+async def test_certificate_rotation_keeps_an_open_watch(secured: Secured) -> None:
+    world, kcp = secured.world, secured.kcp
+    a = consumer_a(world)
+    url = secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
+    name = f"rotated-{uuid.uuid4().hex[:6]}"
+    current, rotated = secured.serving_ca, secured.next_ca
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=secured.ssl(current))) as session,
+        session.get(url, headers=token(world, "alice"), params={"watch": "true"}) as watch,
+    ):
+        assert watch.status == 200
+        cert = rotated.issue_cert("127.0.0.1")
+        cert.private_key_pem.write_to_path(str(secured.tls_dir / "tls.key"))
+        cert.cert_chain_pems[0].write_to_path(str(secured.tls_dir / "tls.crt"))
+        async with asyncio.timeout(TIMEOUT):  # new connections get the new certificate
+            while True:
+                with contextlib.suppress(aiohttp.ClientConnectorCertificateError):
+                    async with (
+                        aiohttp.ClientSession(
+                            connector=aiohttp.TCPConnector(ssl=secured.ssl(rotated))
+                        ) as fresh,
+                        fresh.get(url, headers=token(world, "alice")) as r,
+                    ):
+                        assert r.status == 200
+                        break
+                await asyncio.sleep(0.1)
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(ssl=secured.ssl(current))
+                ) as old,
+                old.get(url, headers=token(world, "alice")),
+            ):
+                pass
+        # the watch opened before the rotation goes on
+        manifest = {
+            "apiVersion": f"{world.group}/{world.version}",
+            "kind": "Widget",
+            "metadata": {"name": name, "namespace": "default", "labels": {"env": "prod"}},
+            "spec": {"size": 1, "color": "red"},
+        }
+        await kcp.kubectl("apply", "-f", "-", server=a.url, input=json.dumps(manifest))
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while True:
+                    line = await watch.content.readline()
+                    assert line, "watch ended"
+                    event = json.loads(line)
+                    if event["object"]["metadata"]["name"] == name:
+                        break
+            assert event["type"] == "ADDED"
+        finally:
+            await kcp.kubectl("delete", "widget", name, "-n", "default", server=a.url)
+    secured.serving_ca, secured.next_ca = rotated, current  # later tests trust the new one
+
+
+async def test_passthrough_forwards_the_callers_token(secured: Secured) -> None:
+    """In passthrough mode kcp decides with the caller's identity: bob, granted slice A but not
+    the export's apiexports/content, is admitted by vwserver and refused by kcp."""
+    kcp, world = secured.kcp, secured.world
+    grant = slice_grant(SLICE_A, "bob")
+    await apply_retrying(kcp, world.provider.url, grant, within=TIMEOUT)
+    try:
+        await wait_allowed(kcp, world, "bob", SLICE_A)
+        routes = Routes(
+            RouteTable(
+                [
+                    Route(
+                        cluster=world.provider.cluster,
+                        name=SLICE_A,
+                        selector=Selector.parse("env=prod"),
+                        upstream_url=world.vw_url,
+                    )
+                ]
+            )
+        )
+        async with KubeClient(auth=secured.sa_auth, timeout=10) as reviews:
+            guard = Guard(
+                tokens=TokenReviewer(client=reviews),
+                access=AccessReviewer(client=reviews),
+                mode=AuthMode.PASSTHROUGH,
+            )
+            app = build_app(
+                routes=routes, upstream=UpstreamClient(auth=secured.sa_auth), guard=guard
+            )
+            async with serve_app(app) as base, aiohttp.ClientSession() as session:
+                url = (
+                    f"{base}/services/filtered-apiexport/{world.provider.cluster}/{SLICE_A}"
+                    "/clusters/*/apis/example.io/v1alpha1/widgets"
+                )
+                async with session.get(url, headers=token(world, "alice")) as r:
+                    assert r.status == 200  # alice may use the export (demo RBAC)
+                    assert {i["metadata"]["labels"]["env"] for i in (await r.json())["items"]} == {
+                        "prod"
+                    }
+                async with session.get(url, headers=token(world, "bob")) as r:
+                    body = json.loads(await r.read())
+                    assert r.status == 403
+                    assert 'User "bob" cannot list resource "widgets"' in body["message"]
+    finally:  # the binding only: the role is alice's too
+        await kcp.kubectl(
+            "delete", "clusterrolebinding", f"slice-{SLICE_A}-content-bob", "--ignore-not-found",
+            server=world.provider.url,
+        )  # fmt: skip

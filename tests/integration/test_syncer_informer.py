@@ -1,0 +1,152 @@
+"""The syncer's informer against the fake APIExport VW: list, watch, resume, relist on 410,
+backoff through a fake clock, and label-selector DELETED events carrying the last content."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest_asyncio
+
+from vwserver.k8s.client import JSON, KubeClient
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.syncer.informer import Informer
+from vwserver.syncer.naming import upstream_key
+from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
+
+WAIT = 10.0
+
+
+class FakeClock:
+    """Records requested sleeps; time advances by them at once (plus a real tick to yield)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+        await asyncio.sleep(0.005)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.upserts: list[JSON] = []
+        self.deletes: list[JSON] = []
+
+    def on_upsert(self, obj: JSON) -> None:
+        self.upserts.append(obj)
+
+    def on_delete(self, obj: JSON) -> None:
+        self.deletes.append(obj)
+
+    def names(self, which: str) -> set[str]:
+        return {o["metadata"]["name"] for o in getattr(self, which)}
+
+
+def widget(name: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "example.io/v1alpha1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": "ns", "labels": labels},
+        "spec": {"size": 1},
+    }
+
+
+async def until(what: str, check: Any) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while True:
+        if check():
+            return
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture
+async def fake() -> AsyncIterator[tuple[FakeUpstream, KubeClient, str]]:
+    async with (
+        start_fake_upstream(FakeUpstream(history_size=3, bookmark_interval=0.2)) as (fake, url),
+        KubeClient(auth=ClientAuth(server=url)) as client,
+    ):
+        yield fake, client, f"{url}/clusters/*/apis/example.io/v1alpha1/widgets"
+
+
+async def test_resume_backoff_and_relist_after_410(
+    fake: tuple[FakeUpstream, KubeClient, str],
+) -> None:
+    upstream, client, url = fake
+    upstream.create(cluster="c1", obj=widget("w1"))
+    clock, handler, restarts = FakeClock(), Recorder(), []
+    informer = Informer(
+        name="t", client=client, url=url, handler=handler, key=upstream_key, clock=clock,
+        on_restart=restarts.append,
+    )  # fmt: skip
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), WAIT)
+        assert handler.names("upserts") == {"w1"}
+        upstream.create(cluster="c1", obj=widget("w2"))
+        await until("w2 watched", lambda: "w2" in handler.names("upserts"))
+        # kcp goes away: the open watch breaks, every new request fails
+        upstream.faults.status_code = 503
+        upstream.faults.die_mid_watch_after = 0
+        upstream.create(cluster="c2", obj=widget("w3"))
+        await until("several retries", lambda: len(clock.sleeps) >= 5)
+        assert informer.last_error is not None and "503" in informer.last_error
+        assert not informer.synced.is_set() or informer.store  # the old cache is kept
+        # backoff grows (full jitter keeps each delay within [ceiling/2, ceiling])
+        assert clock.sleeps[4] > clock.sleeps[0]
+        assert max(clock.sleeps) <= 30
+        # meanwhile more changes than the history holds: the resourceVersion expires
+        upstream.delete(cluster="c1", namespace="ns", name="w1")
+        for i in range(4, 9):
+            upstream.create(cluster="c2", obj=widget(f"w{i}"))
+        upstream.faults.reset()
+        await until("relisted", lambda: "gone" in restarts and "w8" in informer_names(informer))
+        assert "w1" in handler.names("deletes")  # seen by diffing the relist with the cache
+        assert informer_names(informer) == {"w2", "w3", "w4", "w5", "w6", "w7", "w8"}
+        # and it keeps watching from the relist
+        upstream.create(cluster="c1", obj=widget("w9"))
+        await until("w9", lambda: "w9" in informer_names(informer))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def informer_names(informer: Informer) -> set[str]:
+    return {o["metadata"]["name"] for o in informer.store.values()}
+
+
+async def test_label_selector_watch_reports_leaving_objects_with_last_content(
+    fake: tuple[FakeUpstream, KubeClient, str],
+) -> None:
+    upstream, client, url = fake
+    upstream.create(cluster="c1", obj=widget("w1", region="eu"))
+    handler = Recorder()
+    informer = Informer(
+        name="eu", client=client, url=url, handler=handler, key=upstream_key, clock=FakeClock(),
+        label_selector="region=eu",
+    )  # fmt: skip
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), WAIT)
+        moved = upstream.get(cluster="c1", namespace="ns", name="w1")
+        assert moved is not None
+        moved["metadata"]["labels"] = {"region": "us"}
+        upstream.update(cluster="c1", obj=moved)
+        await until("left the view", lambda: handler.deletes)
+        assert handler.deletes[0]["metadata"]["labels"] == {"region": "eu"}  # previous content
+        assert not informer.store
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,142 @@
+"""The syncer's configuration file: the example loads, and every mistake names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vwserver.errors import ConfigError
+from vwserver.syncer.config import load_syncer_config, parse_syncer_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "syncer.example.yaml"
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    for name in ("kcp.kubeconfig", "cluster.kubeconfig"):
+        (tmp_path / name).write_text("{}")
+    return tmp_path
+
+
+def minimal(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "eu",
+        "upstream": {"kubeconfig": "kcp.kubeconfig", "urls": ["https://vw/services/x/y"]},
+        "downstream": {"kubeconfig": "cluster.kubeconfig"},
+        "resources": [{"group": "g.io", "version": "v1", "resource": "things", "kind": "Thing"}],
+    }
+    raw.update(overrides)
+    return raw
+
+
+def test_example_is_valid(base: Path) -> None:
+    config = parse_syncer_config(yaml.safe_load(EXAMPLE.read_text()), base_dir=base)
+    assert config.finalizer == "sync.edge-connect.eu/syncer-eu"
+    assert config.lease_name == "vwserver-syncer-eu"
+    assert config.resources[0].status_exclude == ["mongoUri"]
+    assert config.resources[0].target.kind == "MongoDBCommunity"
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_syncer_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_syncer_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "EU"}, "$.name"),
+        ({"name": "x" * 57}, "$.name"),
+        ({"workers": "many"}, "$.workers"),
+        ({"unknown": 1}, "$"),
+        ({"upstream": {"kubeconfig": "missing"}}, "$.upstream.kubeconfig"),
+        ({"upstream": {"kubeconfig": "kcp.kubeconfig"}}, "$.upstream"),
+        (
+            {"upstream": {"kubeconfig": "kcp.kubeconfig", "urls": ["ftp://x"]}},
+            "$.upstream.urls[0]",
+        ),
+        (
+            {"upstream": {"kubeconfig": "kcp.kubeconfig", "urls": ["https://vw/clusters/*"]}},
+            "$.upstream.urls[0]",
+        ),
+        (
+            {
+                "upstream": {
+                    "kubeconfig": "kcp.kubeconfig",
+                    "endpointSlice": {"kind": "Other", "workspace": "root", "name": "n"},
+                }
+            },
+            "$.upstream.endpointSlice.kind",
+        ),
+        (
+            {
+                "upstream": {
+                    "kubeconfig": "kcp.kubeconfig",
+                    "endpointSlice": {
+                        "kind": "APIExportEndpointSlice",
+                        "workspace": "Root:x",
+                        "name": "n",
+                    },
+                }
+            },
+            "$.upstream.endpointSlice.workspace",
+        ),
+        ({"resources": []}, "$.resources"),
+        (
+            {"resources": [{"group": "g", "version": "v1", "resource": "Things", "kind": "T"}]},
+            "$.resources[0].resource",
+        ),
+        (
+            {
+                "resources": [
+                    {
+                        "group": "g",
+                        "version": "v1",
+                        "resource": "t",
+                        "kind": "T",
+                        "statusExclude": ["a..b"],
+                    }
+                ]
+            },
+            "$.resources[0].statusExclude[0]",
+        ),
+        (
+            {
+                "resources": [
+                    {"group": "g", "version": "v1", "resource": "t", "kind": "T"},
+                    {"group": "g", "version": "v2", "resource": "t", "kind": "T"},
+                ]
+            },
+            "$.resources[1]",
+        ),
+        ({"namespacePrefix": "Kcp-"}, "$.namespacePrefix"),
+        ({"leaderElection": {"renewDeadlineSeconds": 20}}, "$.leaderElection"),
+        ({"health": {"port": 70000}}, "$.health.port"),
+        ({"logLevel": "loud"}, "$.logLevel"),
+    ],
+)
+def test_errors_name_the_field(base: Path, change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_syncer_config(minimal(**change), base_dir=base)
+    assert info.value.field == field, str(info.value)
+
+
+def test_cli_check_and_one_line_errors(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vwserver.cli import main
+
+    good = base / "syncer.yaml"
+    good.write_text(EXAMPLE.read_text())
+    assert main(["sync", "--config", str(good), "--check"]) == 0
+    assert "ok (1 resource(s))" in capsys.readouterr().out
+    bad = base / "bad.yaml"
+    bad.write_text(yaml.safe_dump(minimal(workers=0)))
+    assert main(["sync", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == "vwserver sync: invalid configuration: $.workers: must be at least 1\n"

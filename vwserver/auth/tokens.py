@@ -1,0 +1,120 @@
+"""Bearer-token authentication by kcp's TokenReview API, cached.
+
+vwserver has no token database: a caller presents the token it uses with kcp, and kcp says whose
+it is. Verified against kcp v0.32: a TokenReview answers the same in any workspace for static
+token-file users and for service-account tokens (which carry their workspace as a scope in
+``extra``). vwserver sends it to the *slice's* logical cluster anyway, for two reasons: vwserver
+needs permissions there already (the SubjectAccessReview goes there), so no extra workspace has
+to grant it ``tokenreviews/create``; and should a kcp authenticate per workspace, the slice's
+workspace is where the caller asks to be let in. The cache key therefore includes the cluster.
+
+Tokens are never stored or logged: the cache is keyed by an HMAC of the token under a key that
+lives only in this process, so even a memory dump does not allow testing guessed tokens offline.
+Negative answers are cached too (shorter), so a client retrying a bad token in a loop costs kcp
+one review per TTL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from vwserver.auth.cache import Clock, TTLCache
+from vwserver.auth.identity import Identity
+from vwserver.auth.reviews import post_review
+from vwserver.errors import BadGateway
+from vwserver.k8s.client import KubeClient
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 10.0
+DEFAULT_NEGATIVE_TTL = 5.0
+DEFAULT_MAX_ENTRIES = 10_000
+
+
+class _UserInfo(msgspec.Struct):
+    username: str = ""
+    uid: str = ""
+    groups: list[str] = msgspec.field(default_factory=list)
+    extra: dict[str, list[str]] = msgspec.field(default_factory=dict)
+
+
+class _TokenReviewStatus(msgspec.Struct):
+    authenticated: bool = False
+    user: _UserInfo = msgspec.field(default_factory=_UserInfo)
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenResult:
+    """kcp's answer: the identity, or None with kcp's reason (for the log, not the client)."""
+
+    identity: Identity | None
+    error: str = ""
+
+
+class TokenReviewer:
+    """Authenticates bearer tokens with TokenReviews posted by vwserver's own identity."""
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        ttl: float = DEFAULT_TTL,
+        negative_ttl: float = DEFAULT_NEGATIVE_TTL,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._cache: TTLCache[tuple[str, bytes], TokenResult] = TTLCache(
+            max_entries=max_entries, clock=clock
+        )
+        self._hmac_key = secrets.token_bytes(32)
+
+    @property
+    def cache(self) -> TTLCache[tuple[str, bytes], TokenResult]:
+        return self._cache
+
+    async def authenticate(self, token: str, *, cluster: str) -> TokenResult:
+        """Who ``token`` belongs to, asked in logical cluster ``cluster`` (cached)."""
+        digest = hmac.new(self._hmac_key, token.encode(), hashlib.sha256).digest()
+
+        async def review() -> tuple[TokenResult, float]:
+            result = await self._review(token, cluster=cluster)
+            return result, self._ttl if result.identity is not None else self._negative_ttl
+
+        return await self._cache.get_or_load((cluster, digest), review)
+
+    async def _review(self, token: str, *, cluster: str) -> TokenResult:
+        raw = await post_review(
+            self._client,
+            cluster=cluster,
+            api="authentication.k8s.io/v1",
+            resource="tokenreviews",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                # No audiences: kcp then checks the token against its own API audiences, i.e.
+                # the caller uses the token it uses with kcp.
+                "spec": {"token": token},
+            },
+        )
+        try:
+            status = msgspec.convert(raw, _TokenReviewStatus)
+        except msgspec.ValidationError as e:
+            log.error("unusable TokenReview status from kcp: %s", e)
+            raise BadGateway("cannot check credentials: unusable TokenReview answer") from e
+        if not status.authenticated or not status.user.username:
+            return TokenResult(None, status.error or "not authenticated")
+        user = status.user
+        return TokenResult(
+            Identity.create(user.username, uid=user.uid, groups=user.groups, extra=user.extra)
+        )

@@ -1,0 +1,260 @@
+"""The YAML configuration file of ``vwserver sync``.
+
+Same rules as :mod:`vwserver.config`: msgspec Structs with unknown keys refused, then checks for
+what types cannot say. Every problem is one :class:`~vwserver.errors.ConfigError` naming the field
+(``$.resources[0].statusExclude[1]: ...``), raised before anything starts.
+
+Example (``config/syncer.example.yaml`` is the annotated version)::
+
+    name: eu
+    upstream:
+      kubeconfig: kcp.kubeconfig
+      endpointSlice: {kind: FilteredAPIExportEndpointSlice, workspace: root:provider, name: eu}
+    downstream:
+      kubeconfig: cluster.kubeconfig
+    resources:
+      - {group: mongodbcommunity.mongodb.com, version: v1, resource: mongodbcommunity,
+         statusExclude: [mongoUri]}
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import yaml
+
+from vwserver.config import OBJECT_NAME_RE
+from vwserver.errors import ConfigError
+
+# The syncer's name goes into the finalizer ``sync.edge-connect.eu/syncer-<name>`` (the part after
+# the slash of a qualified name is at most 63 characters), a label value and the Lease name.
+SYNCER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?$")
+# A DNS-1123 label: resource plurals, versions, namespaces.
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A workspace path (root:org:team) or a logical-cluster ID.
+WORKSPACE_RE = re.compile(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+KIND_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+# A status path: dot-separated JSON keys under ``status`` (``mongoUri``, ``connection.secret``).
+STATUS_PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
+    """Base: unknown keys are errors (a typo must not be silently ignored)."""
+
+
+class EndpointSliceRef(_Strict):
+    """Where to read the upstream URLs from: kcp's APIExportEndpointSlice (``apis.kcp.io``) or
+    vwserver's FilteredAPIExportEndpointSlice (``sync.edge-connect.eu``). Every URL in its
+    ``status.endpoints`` is used (one per shard)."""
+
+    kind: Literal["APIExportEndpointSlice", "FilteredAPIExportEndpointSlice"]
+    workspace: str
+    name: str
+
+
+class Upstream(_Strict):
+    """kcp: credentials from a kubeconfig, endpoint URLs given or read from an endpoint slice."""
+
+    kubeconfig: str
+    context: str | None = None
+    urls: list[str] = msgspec.field(default_factory=list)
+    endpoint_slice: EndpointSliceRef | None = None
+    # How often the endpoint slice is re-read (shards come and go with bindings).
+    refresh_seconds: float = 30.0
+
+
+class Downstream(_Strict):
+    kubeconfig: str
+    context: str | None = None
+
+
+class DownstreamType(_Strict):
+    """The downstream resource an upstream resource is synced into (default: the same type)."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+
+
+class ResourceConfig(_Strict):
+    """One synced resource type. Upstream objects must be namespaced."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+    downstream: DownstreamType | None = None
+    # Paths under ``status`` of the downstream object that never go up to kcp (e.g. internal
+    # connection strings).
+    status_exclude: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def target(self) -> DownstreamType:
+        return self.downstream or DownstreamType(
+            group=self.group, version=self.version, resource=self.resource, kind=self.kind
+        )
+
+
+class LeaderElection(_Strict):
+    """A ``coordination.k8s.io/v1`` Lease in the downstream cluster (client-go semantics)."""
+
+    enabled: bool = True
+    namespace: str = "vwserver-syncer"
+    lease_name: str | None = None  # default: vwserver-syncer-<name>
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+
+class Health(_Strict):
+    """``/healthz``, ``/readyz`` and ``/metrics``; port 0 picks a free port."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8081
+
+
+class SyncerConfig(_Strict):
+    name: str
+    upstream: Upstream
+    downstream: Downstream
+    resources: list[ResourceConfig]
+    # Readable start of every downstream namespace name (the rest is derived from the source).
+    namespace_prefix: str = "kcp-"
+    # Label/annotation key prefixes never copied downstream, on top of kcp's own (kcp.io/*, ...).
+    exclude_metadata_prefixes: list[str] = msgspec.field(default_factory=list)
+    workers: int = 4
+    # Every object is re-checked this often; the sweep of orphaned downstream objects runs then.
+    resync_seconds: float = 300.0
+    leader_election: LeaderElection = msgspec.field(default_factory=LeaderElection)
+    health: Health = msgspec.field(default_factory=Health)
+    log_level: str = "info"
+
+    @property
+    def finalizer(self) -> str:
+        return f"sync.edge-connect.eu/syncer-{self.name}"
+
+    @property
+    def field_manager(self) -> str:
+        return f"vwserver-syncer-{self.name}"
+
+    @property
+    def lease_name(self) -> str:
+        return self.leader_election.lease_name or f"vwserver-syncer-{self.name}"
+
+
+def load_syncer_config(path: Path) -> SyncerConfig:
+    """Read, decode and validate a syncer config file. Raises :class:`ConfigError`."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), f"not valid YAML: {e}") from e
+    return parse_syncer_config(raw if raw is not None else {}, base_dir=path.parent)
+
+
+def parse_syncer_config(raw: object, *, base_dir: Path) -> SyncerConfig:
+    try:
+        config = msgspec.convert(raw, SyncerConfig)
+    except msgspec.ValidationError as e:
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.workers`"; lead with the path.
+        problem, _, where = str(e).rpartition(" - at ")
+        if problem:
+            raise ConfigError(where.strip("`"), problem) from e
+        raise ConfigError("$", str(e)) from e  # a problem of the top-level mapping
+    _validate(config, base_dir=base_dir)
+    return config
+
+
+def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
+    if not SYNCER_NAME_RE.match(config.name):
+        raise ConfigError("$.name", f"{config.name!r} is not a DNS label of at most 56 characters")
+    up = config.upstream
+    _require_file(up.kubeconfig, field="$.upstream.kubeconfig", base=base_dir)
+    _require_file(config.downstream.kubeconfig, field="$.downstream.kubeconfig", base=base_dir)
+    if bool(up.urls) == (up.endpoint_slice is not None):
+        raise ConfigError("$.upstream", "set exactly one of urls and endpointSlice")
+    for i, url in enumerate(up.urls):
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError(f"$.upstream.urls[{i}]", f"{url!r} is not an http(s) URL")
+        if "/clusters/" in url:
+            raise ConfigError(
+                f"$.upstream.urls[{i}]",
+                "give the endpoint URL without /clusters/...: the syncer adds clusters/* itself",
+            )
+    if (ref := up.endpoint_slice) is not None:
+        if not WORKSPACE_RE.match(ref.workspace):
+            raise ConfigError(
+                "$.upstream.endpointSlice.workspace",
+                f"{ref.workspace!r} is neither a workspace path nor a logical-cluster ID",
+            )
+        if not OBJECT_NAME_RE.match(ref.name):
+            raise ConfigError("$.upstream.endpointSlice.name", f"{ref.name!r} is not a name")
+    if up.refresh_seconds <= 0:
+        raise ConfigError("$.upstream.refreshSeconds", "must be positive")
+    if not config.resources:
+        raise ConfigError("$.resources", "at least one resource is required")
+    seen: set[tuple[str, str]] = set()
+    for i, res in enumerate(config.resources):
+        field = f"$.resources[{i}]"
+        _check_type(res.group, res.version, res.resource, res.kind, field=field)
+        if res.downstream is not None:
+            d = res.downstream
+            _check_type(d.group, d.version, d.resource, d.kind, field=f"{field}.downstream")
+        if (res.group, res.resource) in seen:
+            raise ConfigError(field, f"duplicate resource {res.resource}.{res.group}")
+        seen.add((res.group, res.resource))
+        for j, path in enumerate(res.status_exclude):
+            if not STATUS_PATH_RE.match(path):
+                raise ConfigError(
+                    f"{field}.statusExclude[{j}]",
+                    f"{path!r} is not a dotted path under status (e.g. mongoUri or a.b)",
+                )
+    prefix = config.namespace_prefix
+    if prefix and not re.fullmatch(r"[a-z0-9][-a-z0-9]{0,19}", prefix):
+        raise ConfigError(
+            "$.namespacePrefix", f"{prefix!r}: at most 20 of a-z, 0-9, '-', starting alphanumeric"
+        )
+    if config.workers < 1:
+        raise ConfigError("$.workers", "must be at least 1")
+    if config.resync_seconds <= 0:
+        raise ConfigError("$.resyncSeconds", "must be positive")
+    le = config.leader_election
+    if not DNS_LABEL_RE.match(le.namespace):
+        raise ConfigError("$.leaderElection.namespace", f"{le.namespace!r} is not a namespace")
+    if le.lease_name is not None and not OBJECT_NAME_RE.match(le.lease_name):
+        raise ConfigError("$.leaderElection.leaseName", f"{le.lease_name!r} is not a name")
+    # client-go's rules: the holder renews well before others may take over.
+    if not 0 < le.retry_period_seconds < le.renew_deadline_seconds < le.lease_duration_seconds:
+        raise ConfigError(
+            "$.leaderElection",
+            "need 0 < retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds",
+        )
+    if not 0 <= config.health.port < 65536:
+        raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
+    if config.log_level.lower() not in {"debug", "info", "warning", "error"}:
+        raise ConfigError("$.logLevel", f"unknown level {config.log_level!r}")
+
+
+def _check_type(group: str, version: str, resource: str, kind: str, *, field: str) -> None:
+    # The core group ("") is allowed; any other group is a DNS subdomain.
+    if group and not OBJECT_NAME_RE.match(group):
+        raise ConfigError(f"{field}.group", f"{group!r} is not an API group")
+    if not DNS_LABEL_RE.match(version):
+        raise ConfigError(f"{field}.version", f"{version!r} is not an API version")
+    if not DNS_LABEL_RE.match(resource):
+        raise ConfigError(f"{field}.resource", f"{resource!r} is not a resource (plural) name")
+    if not KIND_RE.match(kind):
+        raise ConfigError(f"{field}.kind", f"{kind!r} is not a kind (CamelCase)")
+
+
+def _require_file(value: str, *, field: str, base: Path) -> None:
+    if not (base / value).is_file():
+        raise ConfigError(field, f"file {value!r} does not exist")

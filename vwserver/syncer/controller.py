@@ -1,0 +1,547 @@
+"""The sync loop of one resource type: informers feed a work queue, workers execute plans.
+
+One :class:`ResourceController` per configured resource. Upstream, one informer per endpoint URL
+(every shard of an endpoint slice) on ``<endpoint>/clusters/*/...``; downstream, one informer on
+the target resource in all namespaces, restricted to this syncer's objects by its owner label.
+Every event becomes a key ``(logical cluster, namespace, name)`` of the *upstream* object (a
+downstream object names its source in its annotations), so both directions of one object are
+handled by one worker at a time (:mod:`vwserver.syncer.queue`).
+
+A worker reads both caches, asks :func:`vwserver.syncer.reconcile.plan` what to do and executes
+the actions. A failure is retried with per-key backoff and shown on the kcp object as condition
+``Synced=False`` with the error's reason and message (and counted in the metrics): the MongoDB
+example only logged, so consumers never learned why nothing happened.
+
+Safety rules enforced here (the plan decides, this module double-checks against the server):
+
+* a downstream object is only deleted with a ``uid`` precondition, and only if its labels name
+  this syncer (the plan only proposes such objects);
+* an orphan found by the sweep is deleted only after a live GET shows the upstream object absent;
+* our finalizer is only removed after a live GET shows the downstream copy gone.
+
+Objects that leave the filtered view while carrying our finalizer (see
+:class:`~vwserver.syncer.reconcile.Stuck`) are cleaned up downstream and reported: a warning log,
+the ``vwserver_syncer_stuck_finalizers`` gauge, ``/debug/stuck`` on the health port and a Warning
+Event next to where the downstream copy was — the kcp object itself is unreachable for us then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from vwserver.errors import OwnershipError, SyncError, UpstreamUnavailable
+from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.syncer import client as api
+from vwserver.syncer import reconcile
+from vwserver.syncer.client import EVENTS, NAMESPACES, ResourceType
+from vwserver.syncer.clock import Clock, rfc3339
+from vwserver.syncer.config import ResourceConfig, SyncerConfig
+from vwserver.syncer.informer import Informer
+from vwserver.syncer.metrics import SyncerMetrics
+from vwserver.syncer.naming import (
+    LABEL_SYNCER,
+    ObjectKey,
+    downstream_namespace,
+    namespace_conflict,
+    source_key,
+    upstream_key,
+)
+from vwserver.syncer.queue import QueueShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StuckObject:
+    key: ObjectKey
+    resource: str
+    message: str
+    since: str
+
+
+class _Wait(Exception):
+    """Stop executing this plan and look at the key again after ``seconds``."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.seconds = seconds
+
+
+def error_reason(error: Exception) -> str:
+    """The ``reason`` of the ``Synced=False`` condition for an error (CamelCase, like Status
+    reasons): ``NotOwned``, the API's own reason (``Forbidden``, ``Invalid``, ...),
+    ``Unreachable``, or ``InternalError`` for a bug."""
+    if isinstance(error, SyncError):
+        return error.reason
+    if isinstance(error, ApiError):
+        return error.reason or f"HTTP{error.code}"
+    if isinstance(error, UpstreamUnavailable):
+        return "Unreachable"
+    return "InternalError"
+
+
+def _downstream_key(obj: JSON) -> Hashable | None:
+    meta = obj.get("metadata") or {}
+    if not meta.get("name"):
+        return None
+    return (meta.get("namespace", ""), meta["name"])
+
+
+class ResourceController:
+    def __init__(
+        self,
+        *,
+        config: SyncerConfig,
+        resource: ResourceConfig,
+        upstream: KubeClient,
+        downstream: KubeClient,
+        downstream_base: str,
+        metrics: SyncerMetrics,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self.resource = resource
+        self.source = ResourceType(
+            resource.group, resource.version, resource.resource, resource.kind
+        )
+        t = resource.target
+        self.target = ResourceType(t.group, t.version, t.resource, t.kind)
+        self.name = f"{resource.resource}.{resource.group}" if resource.group else resource.resource
+        self._upstream = upstream
+        self._downstream = downstream
+        self._down_base = downstream_base
+        self._metrics = metrics
+        self._clock = clock
+        self.queue: WorkQueue[ObjectKey] = WorkQueue()
+        self.upstream_informers: dict[str, Informer] = {}
+        self._upstream_tasks: dict[str, asyncio.Task[None]] = {}
+        self._endpoints_known = False
+        self.downstream_informer = Informer(
+            name=f"downstream {self.name}",
+            client=downstream,
+            url=self.target.collection(downstream_base),
+            handler=_DownstreamEvents(self),
+            key=_downstream_key,
+            clock=clock,
+            label_selector=f"{LABEL_SYNCER}={config.name}",
+            on_restart=lambda cause: metrics.watch_restarts.labels(
+                self.name, "downstream", cause
+            ).inc(),
+        )
+        #: Last state of upstream objects seen leaving the view, until their key is handled.
+        self.tombstones: dict[ObjectKey, JSON] = {}
+        self.stuck: dict[ObjectKey, StuckObject] = {}
+        self._namespaces_ok: set[str] = set()
+        self._conditions_pruned_logged = False
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """Every cache has completed a list (and the upstream endpoints are known)."""
+        return (
+            self._endpoints_known
+            and self.downstream_informer.synced.is_set()
+            and all(i.synced.is_set() for i in self.upstream_informers.values())
+        )
+
+    def problems(self) -> list[str]:
+        """Why this controller is not ready, for ``/readyz``."""
+        out = []
+        if not self._endpoints_known:
+            out.append(f"{self.name}: upstream endpoints not known yet")
+        for informer in (self.downstream_informer, *self.upstream_informers.values()):
+            if not informer.synced.is_set():
+                detail = f" ({informer.last_error})" if informer.last_error else ""
+                out.append(f"{informer.name}: not synced{detail}")
+        return out
+
+    def upstream_object(self, key: ObjectKey) -> tuple[JSON | None, str | None]:
+        """The cached upstream object and the endpoint it came from."""
+        for endpoint, informer in self.upstream_informers.items():
+            obj = informer.store.get(key)
+            if obj is not None:
+                return obj, endpoint
+        return None, None
+
+    def downstream_object(self, key: ObjectKey) -> JSON | None:
+        namespace = self._namespace_of(key)
+        return self.downstream_informer.store.get((namespace, key.name))
+
+    def _namespace_of(self, key: ObjectKey) -> str:
+        return downstream_namespace(key.cluster, key.namespace, prefix=self.config.namespace_prefix)
+
+    # --- endpoints ----------------------------------------------------------------------------
+
+    def set_endpoints(self, urls: Iterable[str]) -> None:
+        """Use exactly these upstream endpoint URLs (start and stop informers accordingly)."""
+        wanted = [u.rstrip("/") for u in urls]
+        for url in list(self.upstream_informers):
+            if url not in wanted:
+                log.info("%s: endpoint %s removed", self.name, url)
+                self._upstream_tasks.pop(url).cancel()
+                informer = self.upstream_informers.pop(url)
+                for obj in informer.store.values():
+                    if (key := upstream_key(obj)) is not None:
+                        self.queue.add(key)
+        for url in wanted:
+            if url in self.upstream_informers:
+                continue
+            informer = Informer(
+                name=f"upstream {self.name} @ {url}",
+                client=self._upstream,
+                url=self.source.collection(f"{url}/clusters/*"),
+                handler=_UpstreamEvents(self),
+                key=upstream_key,
+                clock=self._clock,
+                on_restart=lambda cause: self._metrics.watch_restarts.labels(
+                    self.name, "upstream", cause
+                ).inc(),
+            )
+            self.upstream_informers[url] = informer
+            self._upstream_tasks[url] = asyncio.create_task(
+                informer.run(), name=f"informer {informer.name}"
+            )
+        self._endpoints_known = True
+
+    # --- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run informers, workers and the periodic resync until cancelled."""
+        tasks = [
+            asyncio.create_task(
+                self.downstream_informer.run(), name=f"informer {self.downstream_informer.name}"
+            ),
+            asyncio.create_task(self._resync_loop(), name=f"resync {self.name}"),
+            *(
+                asyncio.create_task(self._worker(), name=f"worker {self.name} {i}")
+                for i in range(self.config.workers)
+            ),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a crashed loop is a bug: let it surface
+        finally:
+            self.queue.shutdown()
+            for task in (*tasks, *self._upstream_tasks.values()):
+                task.cancel()
+            await asyncio.gather(*tasks, *self._upstream_tasks.values(), return_exceptions=True)
+
+    async def _resync_loop(self) -> None:
+        while not self.synced:
+            await self._clock.sleep(0.2)
+        while True:
+            self._metrics.informers_synced.labels(self.name).set(1)
+            self.resync()
+            await self._clock.sleep(self.config.resync_seconds)
+
+    def resync(self) -> None:
+        """Queue every known key: upstream objects and the sources of downstream objects (the
+        sweep: a downstream object whose source is gone is deleted by its reconcile)."""
+        for informer in self.upstream_informers.values():
+            for obj in informer.store.values():
+                if (key := upstream_key(obj)) is not None:
+                    self.queue.add(key)
+        for obj in self.downstream_informer.store.values():
+            if (key := source_key(obj)) is not None:
+                self.queue.add(key)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self._metrics.queue_depth.labels(self.name).set(len(self.queue))
+        upstream = sum(len(i.store) for i in self.upstream_informers.values())
+        self._metrics.objects.labels(self.name, "upstream").set(upstream)
+        self._metrics.objects.labels(self.name, "downstream").set(
+            len(self.downstream_informer.store)
+        )
+        self._metrics.stuck_finalizers.labels(self.name).set(len(self.stuck))
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except QueueShutDown:
+                return
+            try:
+                await self.sync(key)
+            except _Wait as wait:
+                self.queue.forget(key)
+                self.queue.add_after(key, wait.seconds)
+            except ApiError as e:
+                if e.code == 409:
+                    # A stale cache (our write raced an event): look again shortly, not an error.
+                    self._metrics.reconciles.labels(self.name, "conflict").inc()
+                    self.queue.add_rate_limited(key)
+                else:
+                    await self._failed(key, e)
+            except (SyncError, UpstreamUnavailable) as e:
+                await self._failed(key, e)
+            except Exception as e:
+                # A bug, not a sync problem; still retried and shown on the object.
+                log.exception("%s: unexpected error syncing %s", self.name, key)
+                await self._failed(key, e)
+            else:
+                self.queue.forget(key)
+                self._metrics.reconciles.labels(self.name, "ok").inc()
+            finally:
+                self.queue.done(key)
+                self._update_gauges()
+
+    async def _failed(self, key: ObjectKey, error: Exception) -> None:
+        delay = self.queue.add_rate_limited(key)
+        reason = error_reason(error)
+        self._metrics.reconciles.labels(self.name, "error").inc()
+        self._metrics.sync_errors.labels(self.name, reason).inc()
+        log.warning("%s: sync of %s failed (retry in %.1fs): %s", self.name, key, delay, error)
+        upstream, endpoint = self.upstream_object(key)
+        if upstream is None or endpoint is None:
+            return  # nothing left to report on (gone from our view)
+        condition = reconcile.new_condition(
+            status=False,
+            reason=reason,
+            message=str(error)[:_MAX_MESSAGE],
+            generation=(upstream.get("metadata") or {}).get("generation"),
+        )
+        patch = reconcile.condition_patch(upstream, condition, now=self._clock.now())
+        if patch is None:
+            return
+        try:
+            await api.merge_patch(
+                self._upstream, self._upstream_url(key, endpoint, "status"), patch
+            )
+            self._metrics.writes.labels(self.name, "upstream", "status").inc()
+        except (ApiError, UpstreamUnavailable) as e:
+            log.warning("%s: cannot report the error on %s: %s", self.name, key, e)
+
+    # --- one key ------------------------------------------------------------------------------
+
+    async def sync(self, key: ObjectKey) -> None:
+        upstream, endpoint = self.upstream_object(key)
+        if upstream is not None:
+            self.tombstones.pop(key, None)
+            self._clear_stuck(key)
+        downstream = self.downstream_object(key)
+        tombstone = self.tombstones.get(key)
+        ctx = reconcile.Context(
+            syncer=self.config.name,
+            finalizer=self.config.finalizer,
+            resource=self.resource,
+            namespace_prefix=self.config.namespace_prefix,
+            exclude_prefixes=tuple(self.config.exclude_metadata_prefixes),
+            may_delete_orphans=self.synced,
+            now=self._clock.now(),
+        )
+        actions = reconcile.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
+        if actions:
+            log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
+        for action in actions:
+            await self._execute(key, action, endpoint=endpoint)
+        if upstream is None:
+            self.tombstones.pop(key, None)
+
+    async def _execute(
+        self, key: ObjectKey, action: reconcile.Action, *, endpoint: str | None
+    ) -> None:
+        name = self.name
+        match action:
+            case reconcile.SetFinalizers(finalizers, rv, verify_gone):
+                assert endpoint is not None
+                if verify_gone is not None:
+                    url = self.target.item(self._down_base, *verify_gone)
+                    if await self._downstream.get(url) is not None:
+                        raise _Wait(2.0, "downstream object still exists")
+                await api.merge_patch(
+                    self._upstream,
+                    self._upstream_url(key, endpoint),
+                    {"metadata": {"finalizers": list(finalizers), "resourceVersion": rv}},
+                )
+                self._metrics.writes.labels(name, "upstream", "finalizer").inc()
+                log.info(
+                    "%s: %s: finalizer %s %s",
+                    name,
+                    key,
+                    self.config.finalizer,
+                    "removed" if verify_gone else "added",
+                )
+            case reconcile.EnsureNamespace(namespace, metadata):
+                await self._ensure_namespace(key, namespace, metadata)
+            case reconcile.Apply(namespace, obj_name, body):
+                url = self.target.item(self._down_base, namespace, obj_name)
+                try:
+                    await api.apply(
+                        self._downstream, url, body, field_manager=self.config.field_manager
+                    )
+                except ApiError as e:
+                    if e.code == 404:
+                        self._namespaces_ok.discard(namespace)  # deleted behind our back
+                    raise
+                self._metrics.writes.labels(name, "downstream", "apply").inc()
+                log.info("%s: %s: applied downstream %s/%s", name, key, namespace, obj_name)
+            case reconcile.Delete(namespace, obj_name, uid, confirm):
+                if confirm and endpoint is None:
+                    endpoint = self._any_endpoint(key)
+                if confirm and endpoint is not None:
+                    live = await self._upstream.get(self._upstream_url(key, endpoint))
+                    if live is not None:
+                        log.info("%s: %s: still exists upstream, not an orphan", name, key)
+                        return
+                url = self.target.item(self._down_base, namespace, obj_name)
+                try:
+                    await api.delete(self._downstream, url, uid=uid or None)
+                except ApiError as e:
+                    if e.code not in (404, 409):  # gone already, or replaced (uid differs)
+                        raise
+                self._metrics.writes.labels(name, "downstream", "delete").inc()
+                log.info("%s: %s: deleted downstream %s/%s", name, key, namespace, obj_name)
+            case reconcile.PatchStatus(patch):
+                assert endpoint is not None
+                try:
+                    result = await api.merge_patch(
+                        self._upstream, self._upstream_url(key, endpoint, "status"), patch
+                    )
+                except ApiError as e:
+                    if e.code == 404:
+                        return  # deleted or out of view meanwhile; its event follows
+                    raise
+                self._metrics.writes.labels(name, "upstream", "status").inc()
+                self._check_conditions_kept(key, patch, result)
+            case reconcile.Wait(seconds, reason):
+                raise _Wait(seconds, reason)
+            case reconcile.Blocked(message):
+                raise OwnershipError(message)
+            case reconcile.Stuck(message):
+                await self._report_stuck(key, message)
+
+    def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
+        base = f"{endpoint}/clusters/{key.cluster}"
+        return self.source.item(base, key.namespace or None, key.name, subresource=subresource)
+
+    def _any_endpoint(self, key: ObjectKey) -> str | None:
+        # A single endpoint is the common case; with several we cannot tell the shard, and a
+        # 404 from the wrong one would be no proof: skip the confirmation GET then.
+        return next(iter(self.upstream_informers)) if len(self.upstream_informers) == 1 else None
+
+    async def _ensure_namespace(self, key: ObjectKey, namespace: str, metadata: JSON) -> None:
+        if namespace in self._namespaces_ok:
+            return
+        url = NAMESPACES.item(self._down_base, None, namespace)
+        existing = await self._downstream.get(url)
+        if existing is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, **metadata},
+            }
+            try:
+                existing = await self._downstream.request(
+                    "POST", NAMESPACES.collection(self._down_base), body=body
+                )
+                self._metrics.writes.labels(self.name, "downstream", "namespace").inc()
+                log.info("%s: created downstream namespace %s for %s", self.name, namespace, key)
+            except ApiError as e:
+                if e.code != 409:
+                    raise
+                existing = await self._downstream.get(url)  # created concurrently
+                if existing is None:
+                    raise
+        problem = namespace_conflict(existing, cluster=key.cluster, namespace=key.namespace)
+        if problem is not None:
+            raise OwnershipError(problem)
+        self._namespaces_ok.add(namespace)
+
+    def _check_conditions_kept(self, key: ObjectKey, patch: JSON, result: JSON) -> None:
+        """kcp prunes fields its schema does not know: a schema without ``status.conditions``
+        silently drops our condition. Say so once instead of pretending errors are visible."""
+        if "conditions" not in (patch.get("status") or {}):
+            return
+        if (result.get("status") or {}).get(
+            "conditions"
+        ) is None and not self._conditions_pruned_logged:
+            self._conditions_pruned_logged = True
+            log.warning(
+                "%s: the schema of %s has no status.conditions: sync errors are only visible in "
+                "logs and metrics (add conditions to the APIResourceSchema)",
+                self.name,
+                key,
+            )
+
+    # --- the hard case: left the view holding our finalizer -------------------------------------
+
+    async def _report_stuck(self, key: ObjectKey, message: str) -> None:
+        if key in self.stuck:
+            return
+        self.stuck[key] = StuckObject(
+            key=key, resource=self.name, message=message, since=rfc3339(self._clock.now())
+        )
+        self._metrics.stuck_finalizers.labels(self.name).set(len(self.stuck))
+        log.warning("%s: STUCK FINALIZER: %s", self.name, message)
+        await self._downstream_event(key, reason="FinalizerStuck", message=message)
+
+    def _clear_stuck(self, key: ObjectKey) -> None:
+        if self.stuck.pop(key, None) is not None:
+            log.info("%s: %s is visible again; its finalizer is handled normally", self.name, key)
+            self._metrics.stuck_finalizers.labels(self.name).set(len(self.stuck))
+
+    async def _downstream_event(self, key: ObjectKey, *, reason: str, message: str) -> None:
+        """A Warning Event in the downstream namespace the copy lived in: the one place besides
+        logs and metrics this syncer can still write about an object it can no longer see."""
+        namespace = self._namespace_of(key)
+        now = rfc3339(self._clock.now())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{key.name[:40]}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": self.target.api_version,
+                "kind": self.target.kind,
+                "namespace": namespace,
+                "name": key.name,
+            },
+            "reason": reason,
+            "message": message[:_MAX_MESSAGE],
+            "type": "Warning",
+            "source": {"component": self.config.field_manager},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._downstream.request(
+                "POST", EVENTS.collection(self._down_base, namespace), body=event
+            )
+            self._metrics.writes.labels(self.name, "downstream", "event").inc()
+        except (ApiError, UpstreamUnavailable) as e:
+            log.warning("%s: cannot record event for %s downstream: %s", self.name, key, e)
+
+
+class _UpstreamEvents:
+    def __init__(self, controller: ResourceController) -> None:
+        self._c = controller
+
+    def on_upsert(self, obj: JSON) -> None:
+        if (key := upstream_key(obj)) is not None:
+            self._c.tombstones.pop(key, None)
+            self._c.queue.add(key)
+
+    def on_delete(self, obj: JSON) -> None:
+        if (key := upstream_key(obj)) is not None:
+            self._c.tombstones[key] = obj
+            self._c.queue.add(key)
+
+
+class _DownstreamEvents:
+    def __init__(self, controller: ResourceController) -> None:
+        self._c = controller
+
+    def on_upsert(self, obj: JSON) -> None:
+        if (key := source_key(obj)) is not None:
+            self._c.queue.add(key)
+
+    def on_delete(self, obj: JSON) -> None:
+        self.on_upsert(obj)

@@ -1,0 +1,456 @@
+"""What to do for one upstream object — pure: (upstream, downstream, what we saw) → actions.
+
+The controller (:mod:`vwserver.syncer.controller`) reads both caches, calls :func:`plan` and
+executes the returned actions in order; everything that decides lives here, without I/O, so the
+decision table below is tested case by case.
+
+=============================  =================================================================
+upstream object                actions
+=============================  =================================================================
+live                           add our finalizer (first, so no deletion can be missed); ensure
+                               the namespace; server-side apply the downstream copy if the
+                               intent changed or it drifted; status up (only if it changed),
+                               with condition ``Synced=True``
+live, downstream not ours      finalizer, then :class:`Blocked` (reported as ``Synced=False``)
+deleting, our finalizer        delete downstream (ours only), wait until it is really gone
+                               (a live GET), then remove our finalizer
+deleting, no finalizer of us   delete a downstream copy of ours if one is left; nothing else
+gone from our view             delete the downstream copy of ours — after a DELETED event at
+                               once; otherwise (sweep) only once every upstream cache is synced.
+                               If the last state still held our finalizer and was not being
+                               deleted, the object did not end: it *left the filtered view*
+                               (relabelled), and the finalizer can no longer be removed through
+                               the endpoint → :class:`Stuck` (see :func:`left_view_holding`)
+=============================  =================================================================
+
+Status up mirrors the downstream ``status`` minus the configured ``statusExclude`` paths, plus the
+syncer's own ``Synced`` condition (``conditions`` is a map keyed by ``type``; a condition keeps
+its ``lastTransitionTime`` while its status stays the same). The write is a JSON merge patch of
+exactly the differences (RFC 7386: ``null`` removes), so an unchanged status is never written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from vwserver.k8s.client import JSON
+from vwserver.syncer.clock import rfc3339
+from vwserver.syncer.config import ResourceConfig
+from vwserver.syncer.naming import (
+    ANN_APPLIED,
+    ObjectKey,
+    downstream_namespace,
+    link_annotations,
+    link_labels,
+    namespace_metadata,
+    owned_by,
+    source_key,
+    user_metadata,
+)
+
+CONDITION_TYPE = "Synced"
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+_decode = msgspec.json.decode
+
+# Top-level fields that are not the object's content (everything else, e.g. spec or data, is).
+_NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    syncer: str
+    finalizer: str
+    resource: ResourceConfig
+    namespace_prefix: str = ""
+    exclude_prefixes: tuple[str, ...] = ()
+    #: Every upstream cache has completed a list: absence from it is evidence.
+    may_delete_orphans: bool = False
+    now: datetime
+
+
+# --- actions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetFinalizers:
+    """Replace the upstream object's finalizers, conditional on its resourceVersion."""
+
+    finalizers: tuple[str, ...]
+    resource_version: str
+    #: Removing ours: first confirm with a live GET that the downstream copy is gone.
+    verify_gone: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class EnsureNamespace:
+    name: str
+    metadata: JSON
+
+
+@dataclass(frozen=True)
+class Apply:
+    namespace: str
+    name: str
+    body: JSON
+
+
+@dataclass(frozen=True)
+class Delete:
+    namespace: str
+    name: str
+    uid: str
+    #: Orphan sweep: first confirm with a live GET that the upstream object is really absent.
+    confirm_upstream_absent: bool = False
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    patch: JSON
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing more to do now; look again after ``seconds`` (e.g. downstream still deleting)."""
+
+    seconds: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The object cannot be synced until a human acts (reported, retried with backoff)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """The object left our view while holding our finalizer; only reporting is possible."""
+
+    message: str
+
+
+Action = SetFinalizers | EnsureNamespace | Apply | Delete | PatchStatus | Wait | Blocked | Stuck
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+
+def plan(
+    key: ObjectKey,
+    upstream: JSON | None,
+    downstream: JSON | None,
+    *,
+    tombstone: JSON | None,
+    ctx: Context,
+) -> list[Action]:
+    """The actions for ``key``. ``tombstone``: the last state seen in a DELETED event."""
+    namespace = downstream_namespace(key.cluster, key.namespace, prefix=ctx.namespace_prefix)
+    ours = downstream is not None and owned_by(downstream, ctx.syncer)
+    if ours and downstream is not None and source_key(downstream) != key:
+        ours = False  # a namespace-name collision, refused by the namespace check
+    if upstream is None:
+        return _gone(key, downstream if ours else None, tombstone=tombstone, ctx=ctx)
+    meta = upstream.get("metadata") or {}
+    finalizers = tuple(meta.get("finalizers") or ())
+    rv = str(meta.get("resourceVersion") or "")
+    if meta.get("deletionTimestamp"):
+        return _deleting(
+            upstream, downstream if ours else None, finalizers=finalizers, rv=rv, ctx=ctx
+        )
+
+    actions: list[Action] = []
+    if ctx.finalizer not in finalizers:
+        actions.append(SetFinalizers((*finalizers, ctx.finalizer), rv))
+    if downstream is not None and not ours:
+        actions.append(
+            Blocked(
+                f"downstream object {namespace}/{key.name} exists and is not owned by "
+                f"syncer {ctx.syncer}; delete or rename it"
+            )
+        )
+        return actions
+    if downstream is not None and _deleting_now(downstream):
+        actions.append(Wait(2.0, "the downstream object is being deleted; re-creating after"))
+        return actions
+    actions.append(EnsureNamespace(namespace, namespace_metadata(key.cluster, key.namespace)))
+    desired = desired_downstream(key, upstream, namespace=namespace, ctx=ctx)
+    if needs_apply(desired, downstream):
+        actions.append(Apply(namespace, key.name, desired))
+    condition = new_condition(
+        status=True,
+        reason="Synced",
+        message=f"synced to {namespace}/{key.name} by syncer {ctx.syncer}",
+        generation=meta.get("generation"),
+    )
+    patch = status_patch(upstream, downstream, condition=condition, ctx=ctx)
+    if patch is not None:
+        actions.append(PatchStatus(patch))
+    return actions
+
+
+def _deleting(
+    upstream: JSON,
+    downstream: JSON | None,
+    *,
+    finalizers: tuple[str, ...],
+    rv: str,
+    ctx: Context,
+) -> list[Action]:
+    namespace, name = _downstream_name(upstream, ctx)
+    if ctx.finalizer not in finalizers:
+        if downstream is not None and not _deleting_now(downstream):
+            return [Delete(namespace, name, _uid(downstream))]
+        return []
+    if downstream is None:
+        rest = tuple(f for f in finalizers if f != ctx.finalizer)
+        return [SetFinalizers(rest, rv, verify_gone=(namespace, name))]
+    actions: list[Action] = []
+    if not _deleting_now(downstream):
+        actions.append(Delete(namespace, name, _uid(downstream)))
+    condition = new_condition(
+        status=False,
+        reason="DeletingDownstream",
+        message=f"waiting for downstream {namespace}/{name} to be deleted",
+        generation=(upstream.get("metadata") or {}).get("generation"),
+    )
+    patch = condition_patch(upstream, condition, now=ctx.now)
+    if patch is not None:
+        actions.append(PatchStatus(patch))
+    actions.append(Wait(5.0, "waiting for the downstream object to be gone"))
+    return actions
+
+
+def _gone(
+    key: ObjectKey,
+    downstream: JSON | None,
+    *,
+    tombstone: JSON | None,
+    ctx: Context,
+) -> list[Action]:
+    actions: list[Action] = []
+    if downstream is not None and not _deleting_now(downstream):
+        if tombstone is not None:
+            actions.append(Delete(downstream_ns(downstream), key.name, _uid(downstream)))
+        elif ctx.may_delete_orphans:
+            actions.append(
+                Delete(
+                    downstream_ns(downstream),
+                    key.name,
+                    _uid(downstream),
+                    confirm_upstream_absent=True,
+                )
+            )
+    if tombstone is not None and left_view_holding(tombstone, ctx.finalizer):
+        actions.append(
+            Stuck(
+                f"{key} left the view of syncer {ctx.syncer} while carrying its finalizer "
+                f"{ctx.finalizer}; the downstream copy is removed, but the finalizer cannot be "
+                "removed through this endpoint (the object is no longer visible there)"
+            )
+        )
+    return actions
+
+
+def left_view_holding(tombstone: JSON, finalizer: str) -> bool:
+    """Whether the last state of an object that vanished from our view proves it still exists.
+
+    The apiserver removes an object with finalizers only after ``deletionTimestamp`` is set, so
+    a vanished object *without* one that still lists our finalizer did not end: it stopped
+    matching the filter. (With ``deletionTimestamp`` it most likely ended: when the last
+    finalizer is removed, kcp's DELETED event carries the stored state from *before* that
+    update, our finalizer still listed — observed on kcp v0.32.3.)
+    """
+    meta = tombstone.get("metadata") or {}
+    return not meta.get("deletionTimestamp") and finalizer in (meta.get("finalizers") or ())
+
+
+# --- downstream desired state ----------------------------------------------------------------
+
+
+def desired_downstream(key: ObjectKey, upstream: JSON, *, namespace: str, ctx: Context) -> JSON:
+    """The object the syncer server-side applies downstream (its whole intent)."""
+    meta = upstream.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    target = ctx.resource.target
+    labels = user_metadata(meta.get("labels"), extra_prefixes=ctx.exclude_prefixes)
+    labels.update(link_labels(key, uid=uid, syncer=ctx.syncer))
+    annotations = user_metadata(meta.get("annotations"), extra_prefixes=ctx.exclude_prefixes)
+    annotations.update(link_annotations(key, uid=uid, syncer=ctx.syncer))
+    body: JSON = {
+        "apiVersion": f"{target.group}/{target.version}" if target.group else target.version,
+        "kind": target.kind,
+        "metadata": {
+            "name": key.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+    }
+    for field, value in upstream.items():
+        if field not in _NOT_CONTENT:
+            body[field] = value
+    digest = hashlib.sha256(_encode_sorted(body)).hexdigest()[:16]
+    annotations[ANN_APPLIED] = digest
+    return body
+
+
+def needs_apply(desired: JSON, downstream: JSON | None) -> bool:
+    """Apply when there is no copy, the intent changed (covers removed fields), or it drifted."""
+    if downstream is None:
+        return True
+    applied = ((downstream.get("metadata") or {}).get("annotations") or {}).get(ANN_APPLIED)
+    if applied != desired["metadata"]["annotations"][ANN_APPLIED]:
+        return True
+    return not contains(downstream, desired)
+
+
+def contains(actual: Any, wanted: Any) -> bool:
+    """Whether ``actual`` has every field of ``wanted`` with the same value; fields the
+    downstream API added (defaults, other managers) do not count as a difference."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and contains(actual[k], v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return bool(actual == wanted)
+
+
+def _downstream_name(upstream: JSON, ctx: Context) -> tuple[str, str]:
+    meta = upstream.get("metadata") or {}
+    cluster = (meta.get("annotations") or {}).get("kcp.io/cluster", "")
+    return (
+        downstream_namespace(cluster, meta.get("namespace", ""), prefix=ctx.namespace_prefix),
+        meta.get("name", ""),
+    )
+
+
+def downstream_ns(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")
+
+
+def _uid(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _deleting_now(obj: JSON) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+# --- status up ----------------------------------------------------------------------------------
+
+
+def new_condition(*, status: bool, reason: str, message: str, generation: Any = None) -> JSON:
+    condition: JSON = {
+        "type": CONDITION_TYPE,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+    }
+    if isinstance(generation, int):
+        condition["observedGeneration"] = generation
+    return condition
+
+
+def set_condition(
+    conditions: Sequence[JSON] | None, condition: JSON, *, now: datetime
+) -> list[JSON]:
+    """``conditions`` with ``condition`` in place of the one of its type (meta.SetStatusCondition:
+    ``lastTransitionTime`` changes only when the status does)."""
+    result: list[JSON] = []
+    placed = False
+    for existing in conditions or ():
+        if existing.get("type") != condition["type"]:
+            result.append(existing)
+            continue
+        updated = dict(condition)
+        if existing.get("status") == condition["status"] and existing.get("lastTransitionTime"):
+            updated["lastTransitionTime"] = existing["lastTransitionTime"]
+        else:
+            updated["lastTransitionTime"] = rfc3339(now)
+        result.append(updated)
+        placed = True
+    if not placed:
+        result.append({**condition, "lastTransitionTime": rfc3339(now)})
+    return result
+
+
+def mirrored_status(downstream_status: JSON | None, exclude: Iterable[str]) -> JSON:
+    """The downstream status without the excluded dotted paths (a deep copy)."""
+    status: JSON = _decode(_encode_sorted(downstream_status or {}))
+    for path in exclude:
+        *parents, leaf = path.split(".")
+        node: Any = status
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return status
+
+
+def status_patch(
+    upstream: JSON,
+    downstream: JSON | None,
+    *,
+    condition: JSON,
+    ctx: Context,
+) -> JSON | None:
+    """The merge patch ``{"status": ...}`` that makes the upstream status the mirrored downstream
+    status plus ``condition``; None when nothing differs."""
+    current: JSON = upstream.get("status") or {}
+    if downstream is None:
+        # Not created yet (or not seen yet): keep what is there, only the condition changes.
+        desired = dict(current)
+    else:
+        desired = mirrored_status(downstream.get("status"), ctx.resource.status_exclude)
+    desired["conditions"] = set_condition(desired.get("conditions"), condition, now=ctx.now)
+    diff = merge_diff(current, desired)
+    return None if diff is None else {"status": diff}
+
+
+def condition_patch(upstream: JSON, condition: JSON, *, now: datetime) -> JSON | None:
+    """A status merge patch that sets only ``condition``; None if it is already so."""
+    conditions = (upstream.get("status") or {}).get("conditions")
+    updated = set_condition(conditions, condition, now=now)
+    if updated == conditions:
+        return None
+    return {"status": {"conditions": updated}}
+
+
+def merge_diff(current: JSON, desired: JSON) -> JSON | None:
+    """The RFC 7386 merge patch turning ``current`` into ``desired``; None if they are equal."""
+    patch: JSON = {}
+    for k in current:
+        if k not in desired:
+            patch[k] = None
+    for k, value in desired.items():
+        if value is None:
+            if current.get(k) is not None:
+                patch[k] = None
+            continue
+        old = current.get(k)
+        if isinstance(value, dict) and isinstance(old, dict):
+            sub = merge_diff(old, value)
+            if sub is not None:
+                patch[k] = sub
+        elif old != value:
+            patch[k] = _without_nulls(value)
+    return patch or None
+
+
+def _without_nulls(value: Any) -> Any:
+    # A merge patch cannot *set* null; a null inside a new value would mean "remove".
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
