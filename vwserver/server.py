@@ -21,12 +21,13 @@ from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import AuthMode, Guard
 from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
 from vwserver.auth.tokens import TokenReviewer
+from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.controller.controller import ControllerSettings, SliceController
-from vwserver.controller.lease import LeaderElector
 from vwserver.errors import ConfigError
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
+from vwserver.k8s.lease import LeaderElector
 from vwserver.proxy.handler import ProxyHandler
 from vwserver.proxy.paths import PREFIX
 from vwserver.proxy.upstream import UpstreamClient
@@ -217,11 +218,14 @@ def build_controller(
     assert config.external_url is not None
     leader = None
     if c.lease is not None:
+        workspace = c.lease.workspace or c.export.path
         leader = LeaderElector(
             client=client,
-            workspace=c.lease.workspace or c.export.path,
+            base=f"{client.origin}/clusters/{workspace}",
+            namespace="default",
             name=c.lease.name,
             identity=c.lease.identity or f"{socket.gethostname()}-{os.getpid()}",
+            clock=SystemClock(),
         )
     settings = ControllerSettings(
         export_path=c.export.path,

@@ -10,6 +10,7 @@ own loopback address.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,9 +21,9 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest_asyncio
 
+from vwserver.clock import SystemClock
 from vwserver.controller.controller import ControllerSettings, SliceController
 from vwserver.controller.informer import Backoff
-from vwserver.controller.lease import LeaderElector
 from vwserver.devenv.bootstrap import (
     Bootstrap,
     Workspace,
@@ -34,6 +35,7 @@ from vwserver.devenv.kcp import KcpInstance
 from vwserver.devenv.slices import bind_api, install_api, slice_manifest, wait_slice_ready
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.k8s.lease import LeaderElector
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
@@ -118,19 +120,9 @@ async def served(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Served]:
                 yield Served(base, kcp, world, controller, api_ws)
             finally:
                 task.cancel()
-                with contextlib_suppress():
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await controller.aclose()
-
-
-class contextlib_suppress:
-    """Await a cancelled task without its CancelledError reaching the fixture."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is asyncio.CancelledError
 
 
 async def wait_ready(served: Served, ws: Workspace, name: str, *, within: float) -> dict[str, Any]:
@@ -302,14 +294,23 @@ async def test_lease_in_a_kcp_workspace(served: Served) -> None:
     auth = load_kubeconfig(served.kcp.kubeconfig, context=served.kcp.admin_context)
     async with KubeClient(auth=auth) as client:
         name = unique("lease")
-        replicas = [
-            LeaderElector(client=client, workspace=served.api_ws.path, name=name, identity=i)
-            for i in ("replica-a", "replica-b")
-        ]
-        won = [await r.try_acquire_or_renew() for r in replicas]
-        assert won == [True, False]
+        a, b = (
+            LeaderElector(
+                client=client, base=f"{client.origin}/clusters/{served.api_ws.path}",
+                namespace="default", name=name, identity=identity, clock=SystemClock(),
+            )
+            for identity in ("replica-a", "replica-b")
+        )  # fmt: skip
+        await asyncio.wait_for(a.acquire(), 20)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(b.acquire(), 3)  # held by a: b must not get it
+        assert a.is_leader
+        assert not b.is_leader
         out = await served.kcp.kubectl(
             "get", "lease", name, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}",
             server=served.api_ws.url,
         )  # fmt: skip
         assert out.stdout == "replica-a"
+        await a.release()
+        await asyncio.wait_for(b.acquire(), 10)  # released: b takes over at once
+        assert b.is_leader

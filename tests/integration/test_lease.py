@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 from aiohttp import web
 
-from vwserver.controller.lease import LeaderElector
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.k8s.lease import LeaderElector
+from vwserver.testing.clock import FakeClock
 from vwserver.testing.serve import serve_app
 
 PATH = "/clusters/{ws}/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -48,44 +50,40 @@ def lease_api() -> web.Application:
         store[name] = obj
         return web.json_response(obj)
 
+    async def namespace(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "Namespace", "metadata": {"name": "default"}})
+
     app = web.Application()
+    app.router.add_get("/clusters/{ws}/api/v1/namespaces/default", namespace)
     app.router.add_get(PATH + "/{name}", get)
     app.router.add_post(PATH, create)
     app.router.add_put(PATH + "/{name}", update)
     return app
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def test_one_leader_and_takeover_after_expiry() -> None:
-    clock = Clock()
+async def test_one_leader_takeover_after_expiry_and_step_down() -> None:
+    clock = FakeClock(start=1000.0)
     async with serve_app(lease_api()) as base, KubeClient(auth=ClientAuth(server=base)) as client:
 
         def elector(identity: str) -> LeaderElector:
             return LeaderElector(
-                client=client, workspace="root:vw", name="vw", identity=identity,
-                lease_seconds=15, clock=clock,
+                client=client, base=f"{base}/clusters/root:vw", namespace="default", name="vw",
+                identity=identity, clock=clock, lease_duration=15, renew_deadline=10,
+                retry_period=2,
             )  # fmt: skip
 
         a, b = elector("a"), elector("b")
-        assert await a.try_acquire_or_renew()
-        assert not await b.try_acquire_or_renew()
+        await asyncio.wait_for(a.acquire(), 5)
         assert a.is_leader
-        assert not b.is_leader
-        clock.now += 5
-        assert await a.try_acquire_or_renew()  # renewal
-        assert not await b.try_acquire_or_renew()  # b observed a changed record: not expired
-        clock.now += 14
-        assert not await b.try_acquire_or_renew()  # 14 s since b saw a change: still a's
-        assert a.is_leader  # a renewed 14 s ago, lease is 15 s
-        clock.now += 2
-        assert not a.is_leader  # a failed to renew in time: it stops writing status at once
-        assert await b.try_acquire_or_renew()  # 16 s without change: b takes over
+        # b waits while a's record stands still for less than the lease duration
+        started = clock.monotonic()
+        await asyncio.wait_for(b.acquire(), 5)  # a never renews: b takes over ...
         assert b.is_leader
-        assert not await a.try_acquire_or_renew()  # a sees b's fresh record
+        assert clock.monotonic() - started >= 15  # ... only after 15 s on b's own clock
+        # a notices it cannot renew and steps down within its renew deadline
+        await asyncio.wait_for(a.hold(), 5)
+        assert not a.is_leader
+        await b.release()
+        assert not b.is_leader
+        await asyncio.wait_for(a.acquire(), 5)  # a released lease is free at once
+        assert a.is_leader

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest_asyncio
@@ -14,28 +13,10 @@ from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.syncer.informer import Informer
 from vwserver.syncer.naming import upstream_key
+from vwserver.testing.clock import FakeClock
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 WAIT = 10.0
-
-
-class FakeClock:
-    """Records requested sleeps; time advances by them at once (plus a real tick to yield)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def now(self) -> datetime:
-        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += seconds
-        await asyncio.sleep(0.005)
 
 
 class Recorder:

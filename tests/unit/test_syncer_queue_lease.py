@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vwserver.syncer.lease import Observed, decide
+from vwserver.k8s.lease import Observed, decide
 from vwserver.syncer.queue import QueueShutDown, WorkQueue, retry_delay
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vwserver.clock import rfc3339
 from vwserver.controller.informer import Backoff, Informer
-from vwserver.controller.lease import LeaderElector
 from vwserver.controller.reconcile import (
     GROUP,
     RESOURCE,
@@ -41,6 +41,7 @@ from vwserver.controller.reconcile import (
 )
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.k8s.lease import LeaderElector
 from vwserver.routes import Route, Routes, RouteTable
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,6 @@ class ControllerSettings:
     """How clients reach this vwserver; the prefix of every ``status.endpoints[].url``."""
     resync: float = 30.0
     retry: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=15.0))
-
-
-def rfc3339(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class SliceController:
@@ -97,10 +94,19 @@ class SliceController:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             if self._leader is not None:
-                tasks.create_task(self._leader.run())
+                tasks.create_task(self._lead(self._leader))
             for _ in range(4):
                 tasks.create_task(self._worker())
             tasks.create_task(self._watch_slices())
+
+    async def _lead(self, leader: LeaderElector) -> None:
+        """Hold the Lease whenever possible; only then is status written (issue #4 §5)."""
+        try:
+            while True:
+                await leader.acquire()
+                await leader.hold()
+        finally:
+            await leader.release()
 
     async def _watch_slices(self) -> None:
         """Find our export's virtual-workspace URL(s), then list/watch slices through them."""

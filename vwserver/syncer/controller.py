@@ -32,12 +32,12 @@ import logging
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+from vwserver.clock import Clock, rfc3339
 from vwserver.errors import OwnershipError, SyncError, UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
 from vwserver.syncer import client as api
 from vwserver.syncer import reconcile
-from vwserver.syncer.client import EVENTS, NAMESPACES, ResourceType
-from vwserver.syncer.clock import Clock, rfc3339
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
 from vwserver.syncer.informer import Informer
 from vwserver.syncer.metrics import SyncerMetrics

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from vwserver.k8s.client import KubeClient
-from vwserver.syncer.client import ResourceType
+from vwserver.k8s.resources import ResourceType
 from vwserver.syncer.config import EndpointSliceRef
 
 SLICE_TYPES = {

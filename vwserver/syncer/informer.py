@@ -12,7 +12,7 @@ selector; the syncer needs all three, and a cache diff on relist to see deletion
   that vanished meanwhile reach the handler as deletions and changed ones as updates.
 * **Backoff.** Any other failure (unreachable, 5xx, 403 while RBAC settles, garbage) waits with
   exponential backoff and jitter (the controller's :class:`~vwserver.controller.informer.Backoff`)
-  through an injectable :class:`~vwserver.syncer.clock.Clock`, and is kept in
+  through an injectable :class:`~vwserver.clock.Clock`, and is kept in
   :attr:`Informer.last_error` for ``/readyz`` and logs — never swallowed.
 * **Synced.** :attr:`Informer.synced` is set after the first complete list; until then the
   cache is not evidence that an object is gone (the controller does not sweep before it).
@@ -33,11 +33,11 @@ from typing import Protocol
 
 import msgspec
 
+from vwserver.clock import Clock
 from vwserver.controller.informer import Backoff
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
 from vwserver.syncer.client import list_all, watch
-from vwserver.syncer.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import msgspec
 
+from vwserver.clock import rfc3339
 from vwserver.k8s.client import JSON
-from vwserver.syncer.clock import rfc3339
 from vwserver.syncer.config import ResourceConfig
 from vwserver.syncer.naming import (
     ANN_APPLIED,

@@ -26,16 +26,16 @@ from typing import Any
 
 from aiohttp import web
 
+from vwserver.clock import Clock, SystemClock
 from vwserver.config import resolve
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import ApiError, KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
-from vwserver.syncer.clock import Clock, SystemClock
+from vwserver.k8s.lease import LeaderElector
 from vwserver.syncer.config import SyncerConfig
 from vwserver.syncer.controller import ResourceController
 from vwserver.syncer.endpoints import read_endpoints
 from vwserver.syncer.health import health_app
-from vwserver.syncer.lease import LeaderElector
 from vwserver.syncer.metrics import SyncerMetrics
 
 log = logging.getLogger(__name__)

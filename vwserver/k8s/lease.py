@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from vwserver.clock import Clock, micro_time
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
-from vwserver.syncer.client import LEASES, NAMESPACES
-from vwserver.syncer.clock import Clock, micro_time
+from vwserver.k8s.resources import LEASES, NAMESPACES
 
 log = logging.getLogger(__name__)
 
