@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -30,6 +30,8 @@ import yaml
 from vwserver.auth import access, tokens
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.selector import Selector
+
+T = TypeVar("T")
 
 # kcp logical-cluster names (IDs such as "2fx3m0rnxzbs8mq9", or "root"); workspace *paths*
 # ("root:org") are not valid in virtual-workspace URLs (FIELD-NOTES: both segments are IDs).
@@ -153,8 +155,8 @@ class Config(_Strict):
     log_level: str = "info"
 
 
-def load_config(path: Path) -> Config:
-    """Read, decode and validate a config file. Raises :class:`ConfigError`."""
+def read_yaml(path: Path) -> object:
+    """A YAML file's document (``{}`` for an empty file); ConfigError names the file."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -163,19 +165,28 @@ def load_config(path: Path) -> Config:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(str(path), f"not valid YAML: {e}") from e
-    return parse_config(raw if raw is not None else {}, base_dir=path.parent)
+    return raw if raw is not None else {}
+
+
+def convert(raw: object, cls: type[T]) -> T:
+    """Decode a config document into ``cls``; a type error or unknown key names its field."""
+    try:
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as e:
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.listen.port`"; lead with the path.
+        problem, _, where = str(e).rpartition(" - at ")
+        if problem:
+            raise ConfigError(where.strip("`"), problem) from e
+        raise ConfigError("$", str(e)) from e  # a problem of the top-level mapping
+
+
+def load_config(path: Path) -> Config:
+    """Read, decode and validate a config file. Raises :class:`ConfigError`."""
+    return parse_config(read_yaml(path), base_dir=path.parent)
 
 
 def parse_config(raw: object, *, base_dir: Path) -> Config:
-    try:
-        config = msgspec.convert(raw, Config)
-    except msgspec.ValidationError as e:
-        # msgspec says e.g. "Expected `int`, got `str` - at `$.listen.port`"; lead with the path.
-        message = str(e)
-        field, _, problem = message.rpartition(" - at ")
-        if problem:
-            raise ConfigError(problem.strip("`"), field) from e
-        raise ConfigError("config", message) from e
+    config = convert(raw, Config)
     _validate(config, base_dir=base_dir)
     return config
 

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 import msgspec
-import yaml
 
-from vwserver.config import OBJECT_NAME_RE
+from vwserver.config import OBJECT_NAME_RE, convert, read_yaml
 from vwserver.errors import ConfigError
 
 # The syncer's name goes into the finalizer ``sync.edge-connect.eu/syncer-<name>`` (the part after
@@ -151,24 +150,11 @@ class SyncerConfig(_Strict):
 
 def load_syncer_config(path: Path) -> SyncerConfig:
     """Read, decode and validate a syncer config file. Raises :class:`ConfigError`."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), f"not valid YAML: {e}") from e
-    return parse_syncer_config(raw if raw is not None else {}, base_dir=path.parent)
+    return parse_syncer_config(read_yaml(path), base_dir=path.parent)
 
 
 def parse_syncer_config(raw: object, *, base_dir: Path) -> SyncerConfig:
-    try:
-        config = msgspec.convert(raw, SyncerConfig)
-    except msgspec.ValidationError as e:
-        # msgspec says e.g. "Expected `int`, got `str` - at `$.workers`"; lead with the path.
-        problem, _, where = str(e).rpartition(" - at ")
-        if problem:
-            raise ConfigError(where.strip("`"), problem) from e
-        raise ConfigError("$", str(e)) from e  # a problem of the top-level mapping
+    config = convert(raw, SyncerConfig)
     _validate(config, base_dir=base_dir)
     return config
 
