@@ -36,6 +36,8 @@ EXPORT_CLUSTER = "exportid"
 EXPORT_NAME = "widgets.example.io"
 API = "/apis/example.io/v1alpha1/widgets"
 SELECTOR = "env=prod"  # half of the fake's objects
+TOKEN = "bench-token"  # the proxy authenticates and authorizes the caller (caches warm)
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 WATCH_PARAMS = {
     "watch": "1",
     "sendInitialEvents": "true",
@@ -85,27 +87,37 @@ async def fake_upstream(objects: int) -> AsyncIterator[str]:
     base = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "vwserver.testing.fake_upstream"]
     args += ["--port", str(port), "--objects", str(objects)]
+    args += ["--user", f"{TOKEN}@{SLICE_CLUSTER}/prod"]
     vw = f"{base}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}"
     async with process(args, ready_url=vw + "/clusters/*/api"):
         yield base
 
 
 @contextlib.asynccontextmanager
-async def proxy(upstream: str, *, page_size: int) -> AsyncIterator[tuple[str, int]]:
+async def proxy(
+    upstream: str,
+    *,
+    page_size: int,
+    upstream_yaml: str | None = None,
+    slice_yaml: str | None = None,
+    slice_cluster: str = SLICE_CLUSTER,
+) -> AsyncIterator[tuple[str, int]]:
     port = free_port()
+    upstream_yaml = upstream_yaml or f'{{server: "{upstream}", token: bench}}'
+    slice_yaml = slice_yaml or f"export: {{cluster: {EXPORT_CLUSTER}, name: {EXPORT_NAME}}}"
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(
             f"""
 listen: {{host: 127.0.0.1, port: {port}}}
 insecureServing: true
-upstream: {{server: "{upstream}", token: bench}}
+upstream: {upstream_yaml}
 listPageSize: {page_size}
 logLevel: warning
 slices:
-  - cluster: {SLICE_CLUSTER}
+  - cluster: {slice_cluster}
     name: prod
-    export: {{cluster: {EXPORT_CLUSTER}, name: {EXPORT_NAME}}}
+    {slice_yaml}
     selector: {{matchLabels: {{env: prod}}}}
 """
         )
@@ -164,7 +176,9 @@ async def bench_list(objects: int, repeat: int, page_size: int) -> None:
     async with fake_upstream(objects) as up, proxy(up, page_size=page_size) as (px, pid):
         direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
         proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as s:
+        async with aiohttp.ClientSession(
+            skip_auto_headers=("Accept-Encoding",), headers=HEADERS
+        ) as s:
             await list_once(s, direct_url, {"labelSelector": SELECTOR})  # warm up both
             await list_once(s, proxy_url, {})
             direct, n1 = await timed(
@@ -180,7 +194,7 @@ async def bench_watch(events: int, repeat: int) -> None:
     async with fake_upstream(events * 2) as up, proxy(up, page_size=500) as (px, _):
         direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
         proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers=HEADERS) as s:
             direct_params = {**WATCH_PARAMS, "labelSelector": SELECTOR}
             direct, n1 = await timed(lambda: watch_once(s, direct_url, direct_params), repeat)
             proxied, n2 = await timed(lambda: watch_once(s, proxy_url, WATCH_PARAMS), repeat)
@@ -196,16 +210,101 @@ async def bench_rss(small: int, large: int, page_size: int) -> None:
     for n in (small, large):
         async with fake_upstream(n) as up, proxy(up, page_size=page_size) as (px, pid):
             url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-            async with aiohttp.ClientSession() as s:
+            async with aiohttp.ClientSession(headers=HEADERS) as s:
                 count = await list_once(s, url, {})
             peaks[n] = peak_rss_mib(pid)
             print(f"{f'LIST {n} objects':<34} proxy peak RSS {peaks[n]:7.1f} MiB ({count} items)")
     print(f"{'RSS ratio':<34} {peaks[large] / peaks[small]:.2f} (target ≤ 1.30)")
 
 
+async def bench_kcp(objects: int, repeat: int, page_size: int) -> None:
+    """The same LIST and watch comparisons with real kcp as the upstream (its APIExport VW)."""
+    from vwserver.devenv.bootstrap import DEMO_USERS_FILE, bootstrap
+    from vwserver.devenv.kcp import build_kcp, start_kcp
+
+    binary = await asyncio.to_thread(build_kcp)
+    async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
+        world = await bootstrap(kcp)
+        ws = world.consumer("consumer-a")
+        started = time.perf_counter()
+        async with kcp.http_session(timeout=120) as s:
+            url = f"{kcp.url}/clusters/{ws.path}/{world.api_path}/namespaces/team-red/widgets"
+            gate = asyncio.Semaphore(32)
+
+            async def create(i: int) -> None:
+                body = {
+                    "apiVersion": "example.io/v1alpha1",
+                    "kind": "Widget",
+                    "metadata": {
+                        "name": f"bench-{i:06d}",
+                        "labels": {"env": ("prod", "dev")[i % 2], "bench": "yes"},
+                    },
+                    "spec": {"size": i % 100, "color": "red"},
+                }
+                async with gate, s.post(url, json=body) as r:
+                    assert r.status in (201, 409), (r.status, await r.text())
+
+            await asyncio.gather(*(create(i) for i in range(objects)))
+        print(f"kcp: created {objects} widgets in {time.perf_counter() - started:.0f}s")
+        upstream_yaml = f"{{kubeconfig: {kcp.kubeconfig}, context: {kcp.admin_context}}}"
+        headers = {"Authorization": f"Bearer {kcp.admin_token}"}
+        async with proxy(
+            "",
+            page_size=page_size,
+            upstream_yaml=upstream_yaml,
+            slice_yaml=f"upstreamURL: {world.vw_url}",
+            slice_cluster=world.provider.cluster,
+        ) as (px, pid):
+            direct_url = f"{world.vw_url}/clusters/*{API}"
+            proxy_url = (
+                f"{px}/services/filtered-apiexport/{world.provider.cluster}/prod/clusters/*{API}"
+            )
+            connector = aiohttp.TCPConnector(ssl=kcp.ssl_context())
+            async with aiohttp.ClientSession(
+                connector=connector, headers=headers, skip_auto_headers=("Accept-Encoding",)
+            ) as s:
+                await list_once(s, direct_url, {"labelSelector": SELECTOR})
+                await list_once(s, proxy_url, {})
+                direct, n1 = await timed(
+                    lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
+                )
+                proxied, n2 = await timed(lambda: list_once(s, proxy_url, {}), repeat)
+                report("kcp LIST (proxy pages)", direct, proxied, n2, "≤ 1.10")
+                direct_p, _ = await timed(
+                    lambda: paged(s, direct_url, {"labelSelector": SELECTOR}), repeat
+                )
+                proxied_p, n3 = await timed(lambda: paged(s, proxy_url, {}), repeat)
+                report("kcp LIST (client pages of 500)", direct_p, proxied_p, n3, "≤ 1.10")
+                direct_params = {**WATCH_PARAMS, "labelSelector": SELECTOR}
+                direct_w, e1 = await timed(lambda: watch_once(s, direct_url, direct_params), repeat)
+                proxied_w, e2 = await timed(lambda: watch_once(s, proxy_url, WATCH_PARAMS), repeat)
+            assert n1 == n2 == n3, (n1, n2, n3)
+            assert e1 == e2, (e1, e2)
+            print(
+                f"{f'kcp WATCH {e2} initial events':<34} direct {e1 / direct_w:8.0f} ev/s "
+                f"proxy {e2 / proxied_w:8.0f} ev/s  throughput {direct_w / proxied_w:5.0%} of "
+                "direct (target ≥ 50 %)"
+            )
+            print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
+
+
+async def paged(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
+    """A LIST paged by the client, like kubectl and client-go's pager (limit=500)."""
+    count, token = 0, ""
+    while True:
+        query = {**params, "limit": "500", **({"continue": token} if token else {})}
+        async with session.get(url, params=query) as r:
+            assert r.status == 200, r.status
+            doc = await r.json()
+        count += len(doc["items"])
+        token = doc["metadata"].get("continue", "")
+        if not token:
+            return count
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["list", "watch", "rss"])
+    parser.add_argument("--only", choices=["list", "watch", "rss", "kcp"])
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
@@ -219,6 +318,8 @@ async def main() -> None:
         await bench_watch(args.events, args.repeat)
     if args.only in (None, "rss"):
         await bench_rss(args.objects, args.objects * 10, args.page_size)
+    if args.only in (None, "kcp"):
+        await bench_kcp(args.objects, args.repeat, args.page_size)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from vwserver.testing.fake_auth import FakeAuth
 from vwserver.testing.fake_http import Handlers
 from vwserver.testing.fake_requests import (
     Faults,
@@ -316,6 +317,15 @@ async def _serve(args: argparse.Namespace) -> None:
         args.objects, clusters=args.clusters, namespaces=args.namespaces
     ).items():
         fake.bulk_load(cluster=cluster, objects=objects)
+    if args.user:
+        # kcp's review endpoints too, so that a vwserver in front of this fake can authenticate
+        # and authorize its callers (benchmarks measure the proxy with its guard on).
+        token, _, grant = args.user.partition("@")
+        cluster, _, slice_name = grant.partition("/")
+        auth = FakeAuth()
+        auth.add_user(token, "bench-user")
+        auth.grant(cluster=cluster, slice_name=slice_name, user="bench-user")
+        auth.install(fake.app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -330,6 +340,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--objects", type=int, default=10_000, help="widgets to preload")
+    parser.add_argument(
+        "--user",
+        metavar="TOKEN@CLUSTER/SLICE",
+        help="also answer TokenReviews/SubjectAccessReviews: TOKEN may use that slice",
+    )
     parser.add_argument("--clusters", type=int, default=4)
     parser.add_argument("--namespaces", type=int, default=3)
     parser.add_argument("--gzip", action="store_true", help="gzip LIST responses")
