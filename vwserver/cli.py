@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -21,6 +20,7 @@ from typing import Any, NoReturn
 from vwserver import clientconfig
 from vwserver.config import Config, load_config
 from vwserver.errors import ConfigError
+from vwserver.logs import configure_logging
 from vwserver.server import serve
 from vwserver.syncer import cli as syncer_cli
 
@@ -66,9 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.slices)} slice(s))")
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(level=config.log_level, fmt=config.log_format)
     try:
         _run(_serve(args.config.parent, config))
     except ConfigError as e:

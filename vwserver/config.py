@@ -29,6 +29,8 @@ import yaml
 
 from vwserver.auth import access, tokens
 from vwserver.errors import ConfigError, SelectorError
+from vwserver.logs import LogFormat
+from vwserver.proxy.paths import PREFIX
 from vwserver.selector import Selector
 
 T = TypeVar("T")
@@ -140,6 +142,16 @@ class ControllerConfig(_Strict):
     resync_seconds: float = 30.0
 
 
+class MetricsConfig(_Strict):
+    """Prometheus metrics, unauthenticated like the health endpoints (no tokens, no objects)."""
+
+    enabled: bool = True
+    path: str = "/metrics"
+
+
+HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
+
+
 class Config(_Strict):
     listen: Listen = msgspec.field(default_factory=Listen)
     tls: TLS | None = None
@@ -153,6 +165,15 @@ class Config(_Strict):
     controller: ControllerConfig | None = None
     list_page_size: int = 500
     log_level: str = "info"
+    # json: one JSON object per line, for log collectors (the Deployment's choice); text: for
+    # people at a terminal.
+    log_format: LogFormat = "text"
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    # On SIGTERM /readyz answers 503 at once; new connections are still accepted for
+    # shutdownDelaySeconds (so that endpoints stop routing here first), then the listener closes,
+    # open watches end cleanly and requests in flight get shutdownGracePeriodSeconds to finish.
+    shutdown_delay_seconds: float = 0.0
+    shutdown_grace_period_seconds: float = 25.0
 
 
 def read_yaml(path: Path) -> object:
@@ -246,6 +267,14 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         raise ConfigError("$.listPageSize", "must be at least 1")
     if config.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("$.logLevel", f"unknown level {config.log_level!r}")
+    metrics_path = config.metrics.path
+    if not metrics_path.startswith("/") or metrics_path.startswith(PREFIX):
+        raise ConfigError("$.metrics.path", f"{metrics_path!r}: must be a path outside {PREFIX}")
+    if metrics_path in HEALTH_PATHS:
+        raise ConfigError("$.metrics.path", f"{metrics_path!r} is a health endpoint")
+    for name in ("shutdown_delay_seconds", "shutdown_grace_period_seconds"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"$.{_camel(name)}", "must not be negative")
     up = config.upstream
     if up.kubeconfig is None and up.server is None:
         raise ConfigError("$.upstream", "set either kubeconfig or server")

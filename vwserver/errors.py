@@ -20,6 +20,7 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   ├── Conflict           409  the object changed between check and write
     │   ├── Invalid            422  a write would put the object outside the slice
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
+    │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
     │   └── BadGateway         502  upstream answered with something we cannot use
     └── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
         │                      reported on the kcp object as a condition, never as a Status
@@ -116,6 +117,11 @@ class BadGateway(RequestError):
 class UpstreamUnavailable(RequestError):
     code = 503
     reason = "ServiceUnavailable"
+
+
+class UpstreamUnreachable(UpstreamUnavailable):
+    """The upstream did not answer (connection failed, timed out or broke). A 503 like a slice
+    that is not ready, but the upstream's fault: ``vwserver_upstream_errors_total`` counts it."""
 
 
 class SyncError(VWServerError):

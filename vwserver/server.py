@@ -1,7 +1,17 @@
-"""Assemble the aiohttp application: health endpoints plus the filtering proxy.
+"""Assemble the aiohttp application: health endpoints, ``/metrics`` and the filtering proxy.
 
 Nothing here is global: :func:`build_app` wires the pieces it is given, so tests build as many
 independent servers as they like (against fake or real upstreams) and ``serve`` builds one.
+
+Graceful shutdown (issue #7), when ``stop`` is set (SIGTERM): ``/readyz`` answers 503 at once, so
+that Kubernetes takes the pod out of its Service. New connections are still served for
+``shutdownDelaySeconds`` (default 0; the Deployment uses a few seconds, because endpoint updates
+take a moment to reach every node's kube-proxy). Then the listener closes, every open watch ends
+with the chunked stream's last chunk (client-go re-watches from its last resourceVersion, through
+the Service, on another replica), idle keep-alive connections close, and requests in flight get
+``shutdownGracePeriodSeconds`` to finish before they are cancelled. ``serve`` returns within delay
++ grace period (plus the controller's own cleanup), so the Deployment's
+``terminationGracePeriodSeconds`` must be larger.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -28,7 +39,9 @@ from vwserver.errors import ConfigError
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
 from vwserver.k8s.lease import LeaderElector
-from vwserver.proxy.handler import ProxyHandler
+from vwserver.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vwserver.metrics import ServerMetrics
+from vwserver.proxy.handler import ProxyHandler, record_headers_sent
 from vwserver.proxy.paths import PREFIX
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
@@ -40,8 +53,21 @@ MAX_REQUEST_BODY = 4 * 2**20
 # TokenReviews and SubjectAccessReviews hold up a request: fail it (503) rather than hang.
 REVIEW_TIMEOUT = 10.0
 
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """The two steps of a graceful shutdown, as events the app's handlers look at."""
+
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when shutdown begins: ``/readyz`` answers 503."""
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the listener closes: open watches end cleanly."""
+
+
 _UPSTREAM_KEY = web.AppKey("upstream", UpstreamClient)
 ROUTES_KEY = web.AppKey("routes", Routes)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 
 
 def build_app(
@@ -51,18 +77,37 @@ def build_app(
     page_size: int = 500,
     ready: Callable[[], bool] | None = None,
     guard: Guard | None = None,
+    metrics: ServerMetrics | None = None,
+    metrics_path: str | None = "/metrics",
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
     list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
-    slice request (None: no checks, for tests); health endpoints are always open."""
+    slice request (None: no checks, for tests); health endpoints and ``metrics_path`` (None: not
+    served) are always open. ``metrics`` is where the proxy counts (default: a new registry);
+    the app keeps it and its :class:`Lifecycle` under :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`.
+    """
+    metrics = metrics if metrics is not None else ServerMetrics()
+    lifecycle = Lifecycle()
     app = web.Application(client_max_size=MAX_REQUEST_BODY)
     app[ROUTES_KEY] = routes
     app[_UPSTREAM_KEY] = upstream
-    handler = ProxyHandler(routes=routes, upstream=upstream, page_size=page_size, guard=guard)
+    app[METRICS_KEY] = metrics
+    app[LIFECYCLE_KEY] = lifecycle
+    handler = ProxyHandler(
+        routes=routes,
+        upstream=upstream,
+        page_size=page_size,
+        metrics=metrics,
+        closing=lifecycle.closing,
+        guard=guard,
+    )
     for path in ("/healthz", "/livez"):
         app.router.add_get(path, _ok)
-    app.router.add_get("/readyz", _readyz(ready))
+    app.router.add_get("/readyz", _readyz(ready, draining=lifecycle.draining))
+    if metrics_path is not None:
+        app.router.add_get(metrics_path, _metrics(metrics))
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
+    app.on_response_prepare.append(record_headers_sent)
     app.cleanup_ctx.append(_upstream_lifecycle)
     return app
 
@@ -71,13 +116,25 @@ async def _ok(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def _readyz(ready: Callable[[], bool] | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _readyz(
+    ready: Callable[[], bool] | None, *, draining: asyncio.Event
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def readyz(_: web.Request) -> web.Response:
+        if draining.is_set():
+            return web.Response(status=503, text="not ready: shutting down")
         if ready is not None and not ready():
             return web.Response(status=503, text="not ready: slices not synced yet")
         return web.Response(text="ok")
 
     return readyz
+
+
+def _metrics(metrics: ServerMetrics) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def render(_: web.Request) -> web.Response:
+        # Content-Type as a header: web.Response's content_type refuses parameters (version=).
+        return web.Response(body=metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    return render
 
 
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -180,15 +237,19 @@ async def serve(
     stop: asyncio.Event,
     tls_reload_interval: float = DEFAULT_RELOAD_INTERVAL,
 ) -> None:
-    """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set."""
+    """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set, then
+    shut down gracefully (see the module docstring)."""
     auth = upstream_auth(config, base_dir=base_dir)
     static = static_routes(config, auth=auth)
     routes = Routes(static)
+    metrics = ServerMetrics()
     async with contextlib.AsyncExitStack() as stack:
         controller = None
         if config.controller is not None:
             client = await stack.enter_async_context(KubeClient(auth=auth))
-            controller = build_controller(config, client=client, routes=routes, static=static)
+            controller = build_controller(
+                config, client=client, routes=routes, static=static, metrics=metrics
+            )
             task = asyncio.create_task(controller.run(), name="slice-controller")
             stack.push_async_callback(_cancel, task)
             stack.push_async_callback(controller.aclose)
@@ -199,6 +260,8 @@ async def serve(
             page_size=config.list_page_size,
             ready=controller.synced.is_set if controller is not None else None,
             guard=build_guard(config, client=reviews),
+            metrics=metrics,
+            metrics_path=config.metrics.path if config.metrics.enabled else None,
         )
         await _run_site(
             app,
@@ -211,7 +274,12 @@ async def serve(
 
 
 def build_controller(
-    config: Config, *, client: KubeClient, routes: Routes, static: RouteTable
+    config: Config,
+    *,
+    client: KubeClient,
+    routes: Routes,
+    static: RouteTable,
+    metrics: ServerMetrics | None = None,
 ) -> SliceController:
     c = config.controller
     assert c is not None
@@ -234,7 +302,12 @@ def build_controller(
         resync=c.resync_seconds,
     )
     return SliceController(
-        client=client, routes=routes, settings=settings, static=static, leader=leader
+        client=client,
+        routes=routes,
+        settings=settings,
+        static=static,
+        leader=leader,
+        metrics=metrics,
     )
 
 
@@ -256,7 +329,14 @@ async def _run_site(
     tls = serving_tls(config, base_dir=base_dir)
     # handler_cancellation: a client that goes away cancels its handler, which closes the
     # upstream request at once (issue #2 §3) instead of holding an idle watch open.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # shutdown_timeout: how long runner.cleanup() lets requests in flight finish before it
+    # cancels them (aiohttp waits for every connection's handler concurrently).
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=config.shutdown_grace_period_seconds,
+    )
     await runner.setup()
     site = web.TCPSite(
         runner,
@@ -286,7 +366,23 @@ async def _run_site(
     )
     try:
         await stop.wait()
+        await _drain(app[LIFECYCLE_KEY], site, delay=config.shutdown_delay_seconds)
     finally:
         if reload_task is not None:
             await _cancel(reload_task)
+        # Closes idle keep-alive connections (busy ones after their response), waits up to the
+        # grace period for requests in flight, cancels what is left, then closes the upstream.
         await runner.cleanup()
+    log.info("stopped")
+
+
+async def _drain(lifecycle: Lifecycle, site: web.BaseSite, *, delay: float) -> None:
+    """The first steps of a graceful shutdown: not ready, (after ``delay``) no new connections,
+    open watches ended."""
+    lifecycle.draining.set()
+    log.info("shutting down: /readyz answers 503; the listener closes in %.1fs", delay)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    await site.stop()
+    lifecycle.closing.set()
+    log.info("listener closed; ending open watches and waiting for requests in flight")

@@ -88,6 +88,21 @@ def test_good_config_loads(tmp_path: Path) -> None:
             "at least 1",
         ),
         (lambda d: d.update(auth={"cache": {"ttl": 1}}), "ttl", "unknown field"),
+        (lambda d: d.update(logFormat="xml"), "$.logFormat", "Invalid enum value"),
+        (lambda d: d.update(metrics={"path": "metrics"}), "$.metrics.path", "must be a path"),
+        (
+            lambda d: d.update(metrics={"path": "/services/filtered-apiexport/m"}),
+            "$.metrics.path",
+            "outside",
+        ),
+        (lambda d: d.update(metrics={"path": "/readyz"}), "$.metrics.path", "health endpoint"),
+        (lambda d: d.update(metrics={"enable": False}), "enable", "unknown field"),
+        (
+            lambda d: d.update(shutdownGracePeriodSeconds=-1),
+            "$.shutdownGracePeriodSeconds",
+            "negative",
+        ),
+        (lambda d: d.update(shutdownDelaySeconds=-0.5), "$.shutdownDelaySeconds", "negative"),
     ],
 )
 def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: str) -> None:
@@ -97,6 +112,13 @@ def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: 
         load_config(write(tmp_path, doc))
     assert field in str(info.value)
     assert problem.lower() in str(info.value).lower()
+
+
+def test_operations_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, good()))
+    assert (config.metrics.enabled, config.metrics.path) == (True, "/metrics")
+    assert config.log_format == "text"
+    assert (config.shutdown_delay_seconds, config.shutdown_grace_period_seconds) == (0, 25)
 
 
 def test_auth_defaults_to_delegated_with_short_caches(tmp_path: Path) -> None:

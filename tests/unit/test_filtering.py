@@ -157,10 +157,29 @@ def test_frame_events_forwards_runs_and_keeps_partial_lines() -> None:
     )
     partial = event("ADDED", widget("d", "prod"))[:20]
     buffer = bytearray(a + b + c + partial)
-    out, consumed = frame_events(buffer, selector=PROD)
+    out, consumed, forwarded, dropped, synthesized = frame_events(buffer, selector=PROD)
     assert consumed == len(a + b + c)
+    assert (forwarded, dropped, synthesized) == (2, 0, 1)  # the partial line is not counted yet
     lines = out.splitlines(keepends=True)
     assert lines[0] == a
     assert json.loads(lines[1])["type"] == "DELETED"  # b left the slice: minimal DELETED
     assert b"spec-of" not in lines[1] and b"hunter2" not in lines[1]
     assert lines[2] == c
+
+
+def test_frame_events_counts_each_outcome_and_skips_keepalives() -> None:
+    from vwserver.proxy.watch import frame_events
+
+    bookmark = event("BOOKMARK", {"kind": "Widget", "metadata": {"resourceVersion": "9"}})
+    lines = [
+        event("ADDED", widget("a", "dev")),  # never visible: dropped
+        b"\n",  # an empty keep-alive line is no event
+        bookmark,
+        event("ADDED", widget("b", "prod")),
+        event("DELETED", widget("c", "dev")),  # synthesized: identifying metadata only
+    ]
+    framed = frame_events(bytearray(b"".join(lines)), selector=PROD)
+    assert (framed.forwarded, framed.dropped, framed.synthesized) == (2, 1, 1)
+    assert framed.consumed == len(b"".join(lines))
+    # the keep-alive line is passed on with the run of bytes it is in, uncounted
+    assert framed.out.startswith(b"\n" + bookmark + lines[3])

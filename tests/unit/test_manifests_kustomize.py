@@ -168,3 +168,15 @@ def test_config_file_is_valid_and_its_files_are_mounted(
     moved = yaml.safe_load(text.replace(": /", f": {tmp_path}/"))
     config = parse_config(moved, base_dir=tmp_path)
     assert config.tls is not None and config.controller is not None
+
+
+def test_pod_outlives_the_graceful_shutdown(rendered: dict[str, dict[str, Any]]) -> None:
+    """The kubelet kills the pod after terminationGracePeriodSeconds: vwserver's own shutdown
+    (delay while endpoints update, then the grace period for requests in flight) must end first,
+    with a margin for the controller's Lease release. The Deployment logs JSON."""
+    c = container(rendered)
+    config = yaml.safe_load(rendered["ConfigMap"]["data"][Path(c["args"][2]).name])
+    shutdown = config["shutdownDelaySeconds"] + config["shutdownGracePeriodSeconds"]
+    assert config["shutdownDelaySeconds"] > 0  # kube-proxy needs a moment to stop routing here
+    assert pod_spec(rendered)["terminationGracePeriodSeconds"] >= shutdown + 5
+    assert config["logFormat"] == "json"

@@ -14,6 +14,9 @@ retried with backoff (it becomes ready within a couple of seconds of its export 
 ready one is re-checked every ``resync`` seconds, which picks up a changed or vanished upstream
 URL. Routes change atomically (:meth:`vwserver.routes.Routes.replace`), and a deleted slice's
 route is retired, which ends its open watches.
+
+Metrics (issue #7): every reconcile is counted by its result, and the queue depth is read from the
+queue when ``/metrics`` is scraped (a callback, so enqueueing costs nothing extra).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from vwserver.controller.reconcile import (
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
 from vwserver.k8s.lease import LeaderElector
+from vwserver.metrics import ServerMetrics
 from vwserver.routes import Route, Routes, RouteTable
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,7 @@ class SliceController:
         settings: ControllerSettings,
         static: RouteTable | None = None,
         leader: LeaderElector | None = None,
+        metrics: ServerMetrics | None = None,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -84,6 +89,8 @@ class SliceController:
         self._failures: dict[Key, int] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
+        self._metrics = metrics if metrics is not None else ServerMetrics()
+        self._metrics.queue_depth.set_function(self._queue.qsize)
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._vw_urls: tuple[str, ...] = ()
         self.synced = asyncio.Event()
@@ -179,17 +186,21 @@ class SliceController:
     # --- reconciling -----------------------------------------------------------------------
 
     async def _worker(self) -> None:
+        reconciles = self._metrics.reconciles
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
             try:
                 ready = await self.reconcile(key)
             except (ApiError, UpstreamUnavailable) as e:
+                reconciles.labels("error").inc()
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = self._settings.retry.delay(failures)
                 log.warning("reconciling slice %s/%s: %s; retry in %.1fs", *key, e, delay)
                 self._enqueue_after(key, delay)
                 continue
+            result = "deleted" if ready is None else "ready" if ready else "not_ready"
+            reconciles.labels(result).inc()
             if ready is None:
                 continue
             if ready:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -10,10 +11,29 @@ from multidict import MultiDictProxy
 
 from vwserver.errors import BadRequest, SelectorError
 from vwserver.k8s.status import not_found
+from vwserver.metrics import UNKNOWN, ServerMetrics
 from vwserver.proxy.paths import ApiRequest, SlicePath
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route
 from vwserver.selector import Selector
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the request's log line and metrics say about it; filled in as the request proceeds."""
+
+    id: str
+    started: float
+    """``loop.time()`` when the handler started."""
+    slice: str = UNKNOWN
+    """``<cluster>/<name>`` once the slice is known to exist, else :data:`UNKNOWN`."""
+    verb: str = UNKNOWN
+    user: str | None = None
+    """The authenticated user's name (never a credential); None before or without auth."""
+    status: int | None = None
+    """The status of the response whose headers went out (streamed responses), else None."""
+    headers_sent: float | None = None
+    """``loop.time()`` when the response headers went out (a watch is established)."""
 
 
 @dataclass(slots=True)
@@ -26,6 +46,10 @@ class ProxyRequest:
     page_size: int
     upstream_base: str
     """The upstream APIExport virtual-workspace URL this request goes to (its shard's)."""
+    metrics: ServerMetrics
+    record: RequestRecord
+    closing: asyncio.Event
+    """Set when the server stops serving (graceful shutdown): open watches end cleanly."""
 
     @property
     def query(self) -> MultiDictProxy[str]:

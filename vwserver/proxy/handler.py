@@ -6,25 +6,51 @@ and whether it may use the slice with that verb (401/403, :mod:`vwserver.auth`; 
 lookup, so a caller learns nothing about slices it may not use) → slice exists (404) → slice
 ready (503) → allowed on this kind of target (wildcard: list/watch only, 405; apibindings:
 read-only, 403) → the verb's own guard.
+
+Every request, whatever ends it, is observed once when it ends (issue #7): one log line on
+:data:`~vwserver.logs.ACCESS_LOGGER` (slice, verb, user, code, duration, request id — never a
+token, a query string or a body) and the request counters and latency histogram of
+:class:`~vwserver.metrics.ServerMetrics`. A watch is observed when it ends; its latency is the
+time until its response headers went out (:func:`record_headers_sent`), not its lifetime.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from vwserver import metrics as m
 from vwserver.auth.guard import Guard
-from vwserver.errors import Forbidden, MethodNotAllowed, NotFound, RequestError, UpstreamUnavailable
+from vwserver.errors import (
+    BadGateway,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    RequestError,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
 from vwserver.k8s.status import from_error
+from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
+from vwserver.metrics import ServerMetrics
 from vwserver.proxy import lists, reads, watch, writes
-from vwserver.proxy.context import ProxyRequest
+from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+# nginx's code for "the client closed the connection before the response started"; only ever
+# logged and counted, never sent.
+CLIENT_CLOSED = 499
+
+RECORD_KEY = web.RequestKey("vwserver_record", RequestRecord)
 
 _Serve = Callable[[ProxyRequest], Awaitable[web.StreamResponse]]
 
@@ -49,30 +75,97 @@ class ProxyHandler:
         routes: Routes,
         upstream: UpstreamClient,
         page_size: int,
+        metrics: ServerMetrics,
+        closing: asyncio.Event,
         guard: Guard | None = None,
     ) -> None:
         self._routes = routes
         self._upstream = upstream
         self._page_size = page_size
+        self._metrics = metrics
+        self._closing = closing
         self._guard = guard
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        record = RequestRecord(id=str(uuid.uuid4()), started=asyncio.get_running_loop().time())
+        request[RECORD_KEY] = record
+        context = REQUEST_ID.set(record.id)
+        code = 500  # an unexpected exception: aiohttp answers 500
         try:
-            return await self._serve(request)
-        except RequestError as e:
-            return error_response(e)
+            try:
+                response = await self._serve(request, record)
+            except RequestError as e:
+                if isinstance(e, UpstreamUnreachable):
+                    self._metrics.upstream_errors.labels(m.UNREACHABLE).inc()
+                elif isinstance(e, BadGateway):
+                    self._metrics.upstream_errors.labels(m.BAD_GATEWAY).inc()
+                response = error_response(e)
+            else:
+                # The proxy's own errors are raised, so a 5xx returned is the upstream's, relayed.
+                if response.status >= 500:
+                    self._metrics.upstream_errors.labels(m.UPSTREAM_5XX).inc()
+            code = response.status
+            return response
+        except asyncio.CancelledError:  # the client went away (handler_cancellation)
+            code = CLIENT_CLOSED
+            raise
+        finally:
+            if record.status is not None:  # headers went out: that is what the client got
+                code = record.status
+            self._observe(request, record, code)
+            REQUEST_ID.reset(context)
 
-    async def _serve(self, request: web.Request) -> web.StreamResponse:
+    def _observe(self, request: web.Request, record: RequestRecord, code: int) -> None:
+        end = asyncio.get_running_loop().time()
+        self._metrics.requests.labels(record.slice, record.verb, str(code)).inc()
+        # A watch's latency is the time to establish it (headers sent), not its lifetime.
+        done = end
+        if record.verb == Verb.WATCH and record.headers_sent is not None:
+            done = record.headers_sent
+        self._metrics.request_duration.labels(record.verb).observe(done - record.started)
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        duration_ms = round((end - record.started) * 1000, 2)
+        path = request.raw_path.split("?", 1)[0]
+        access_log.info(
+            "%s %s %d %s slice=%s user=%s %.2fms",
+            request.method,
+            path,
+            code,
+            record.verb,
+            record.slice,
+            record.user or "-",
+            duration_ms,
+            extra={
+                FIELDS_ATTR: {
+                    "method": request.method,
+                    "path": path,
+                    "code": code,
+                    "verb": record.verb,
+                    "slice": record.slice,
+                    "user": record.user,
+                    "durationMs": duration_ms,
+                }
+            },
+        )
+
+    async def _serve(self, request: web.Request, record: RequestRecord) -> web.StreamResponse:
         path = split_slice_path(request.raw_path.split("?", 1)[0])
         if path is None:
             raise NotFound(f"the server could not find the requested resource {request.path!r}")
+        # The slice label counts existing slices only (bounded cardinality), also for requests
+        # the guard refuses; the metrics are the operator's, nothing here reaches the caller.
+        if self._routes.table.lookup(path.slice_cluster, path.slice_name) is not None:
+            record.slice = f"{path.slice_cluster}/{path.slice_name}"
         watch_param = request.query.get("watch", "").lower() in ("1", "true")
         api = classify(path.api_path, method=request.method, watch=watch_param)
+        record.verb = api.verb
         upstream = self._upstream
         if self._guard is not None:
-            await self._guard.admit(
+            identity = await self._guard.admit(
                 request, slice_cluster=path.slice_cluster, slice_name=path.slice_name, verb=api.verb
             )
+            record.user = identity.user
             if (token := self._guard.upstream_token(request)) is not None:
                 upstream = upstream.for_caller(token)
         route = self._routes.table.lookup(path.slice_cluster, path.slice_name)
@@ -81,6 +174,7 @@ class ProxyHandler:
                 f'filteredapiexportendpointslice "{path.slice_name}" not found '
                 f"in logical cluster {path.slice_cluster}"
             )
+        record.slice = f"{route.cluster}/{route.name}"
         if route.not_ready is not None:
             raise UpstreamUnavailable(
                 f"slice {route.cluster}/{route.name} is not ready: {route.not_ready}",
@@ -102,6 +196,9 @@ class ProxyHandler:
             upstream=upstream,
             page_size=self._page_size,
             upstream_base=upstream_base,
+            metrics=self._metrics,
+            record=record,
+            closing=self._closing,
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
@@ -119,3 +216,12 @@ def error_response(error: RequestError) -> web.Response:
     return web.Response(
         status=error.code, body=from_error(error), content_type="application/json", headers=headers
     )
+
+
+async def record_headers_sent(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare`` hook: note when (and with which status) a slice request's
+    response headers went out — a watch's latency, and the code of a stream that is cut off."""
+    record = request.get(RECORD_KEY)
+    if record is not None:
+        record.status = response.status
+        record.headers_sent = asyncio.get_running_loop().time()

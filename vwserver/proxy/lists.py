@@ -24,6 +24,7 @@ import logging
 from aiohttp import web
 from multidict import CIMultiDict
 
+from vwserver import metrics as m
 from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import LIST_FOOTER, Page, UndecodableError, decode_page, list_header
@@ -81,6 +82,9 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
             page, following = await following, None
         await response.write(LIST_FOOTER)
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
+        # Caught here, not in the handler: count it as the upstream error it is.
+        kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
+        ctx.metrics.upstream_errors.labels(kind).inc()
         log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
         _abort(ctx.request)
         return response

@@ -5,7 +5,7 @@ client sent are not forwarded wholesale but picked from an allow-list, so hop-by
 (RFC 9110 §7.6.1), the client's ``Authorization`` and every ``Impersonate-*`` / ``X-Remote-*``
 header (which kcp would honour as an authenticating-proxy identity) can never reach kcp.
 
-Connection failures become :class:`~vwserver.errors.UpstreamUnavailable` (503 + Retry-After) so
+Connection failures become :class:`~vwserver.errors.UpstreamUnreachable` (503 + Retry-After) so
 that clients back off and retry instead of failing hard.
 """
 
@@ -21,7 +21,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from vwserver.errors import UpstreamUnavailable
+from vwserver.errors import UpstreamUnreachable
 from vwserver.k8s.kubeconfig import ClientAuth
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
@@ -124,7 +124,7 @@ class UpstreamClient:
         data: bytes | None = None,
         read_timeout: float | None = 60.0,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send one request; connection failures raise UpstreamUnavailable."""
+        """Send one request; connection failures raise UpstreamUnreachable."""
         assert self._session is not None, "UpstreamClient.start() was not awaited"
         target = URL(url, encoded=True)
         query = list(query)
@@ -148,7 +148,7 @@ class UpstreamClient:
             ) as response:
                 yield response
         except (aiohttp.ClientConnectionError, TimeoutError) as e:
-            raise UpstreamUnavailable(
+            raise UpstreamUnreachable(
                 f"upstream {target.host}:{target.port} unreachable: {type(e).__name__}",
                 retry_after=RETRY_AFTER_SECONDS,
             ) from e

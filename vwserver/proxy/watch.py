@@ -9,16 +9,25 @@ therefore slows down the upstream read (TCP backpressure) instead of growing a b
 
 The server runs with ``handler_cancellation=True``, so a client that disconnects cancels this
 handler at its next ``await``, which closes the upstream connection immediately.
+
+A watch also ends — cleanly, with the chunked stream's last chunk, as after an apiserver watch
+timeout, so that client-go re-watches from its last resourceVersion — when its slice is retired
+(issue #4) or the server shuts down (issue #7; the re-watch then reaches another replica).
+
+Metrics are counted per upstream read, not per event: :func:`frame_events` tallies its verdicts
+in local integers, and the counters are bumped once per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NamedTuple
 
 import aiohttp
 from aiohttp import web
 
+from vwserver import metrics as m
 from vwserver.errors import BadGateway
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, filter_event
@@ -47,55 +56,100 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=response_headers(up))
         await response.prepare(ctx.request)
         buffer = bytearray()
-        # A slice that is deleted (or whose upstream moves) retires its route: closing the
-        # upstream response ends this loop, and the client re-watches (issue #4).
-        retired = asyncio.ensure_future(ctx.route.retired.wait())
-        retired.add_done_callback(lambda _: up.close())
+        # A slice that is deleted (or whose upstream moves) retires its route (issue #4), and a
+        # server that shuts down closes every watch (issue #7): closing the upstream response
+        # ends this loop, and the client re-watches.
+        ending = [asyncio.ensure_future(event.wait()) for event in (ctx.route.retired, ctx.closing)]
+        for waiter in ending:
+            waiter.add_done_callback(lambda _: up.close())
+        slice_label = ctx.record.slice
+        events = ctx.metrics.watch_events
+        forwarded, dropped, synthesized = (
+            events.labels(slice_label, outcome)
+            for outcome in (m.FORWARDED, m.DROPPED, m.SYNTHESIZED)
+        )
         try:
-            async for chunk in up.content.iter_any():
-                buffer += chunk
-                out, consumed = frame_events(buffer, selector=selector)
-                if consumed:
-                    del buffer[:consumed]
-                if len(buffer) > MAX_EVENT_BYTES:
-                    raise BadGateway(f"upstream watch event larger than {MAX_EVENT_BYTES} bytes")
-                if out:
-                    await response.write(out)
+            with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
+                async for chunk in up.content.iter_any():
+                    buffer += chunk
+                    framed = frame_events(buffer, selector=selector)
+                    if framed.consumed:
+                        del buffer[: framed.consumed]
+                        if framed.forwarded:
+                            forwarded.inc(framed.forwarded)
+                        if framed.dropped:
+                            dropped.inc(framed.dropped)
+                        if framed.synthesized:
+                            synthesized.inc(framed.synthesized)
+                    if len(buffer) > MAX_EVENT_BYTES:
+                        raise BadGateway(
+                            f"upstream watch event larger than {MAX_EVENT_BYTES} bytes"
+                        )
+                    if framed.out:
+                        await response.write(framed.out)
         except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
             # The stream is broken (garbage, upstream gone): end it cleanly so that the client
             # re-watches from its last resourceVersion, as after any apiserver watch timeout.
             if ctx.route.retired.is_set():
                 log.info("watch on %s ended: slice %s retired", ctx.api.resource, ctx.route.key)
+            elif ctx.closing.is_set():
+                log.info("watch on %s ended: server shutting down", ctx.api.resource)
             else:
+                broken = isinstance(e, BadGateway | UndecodableError)
+                kind = m.BAD_GATEWAY if broken else m.UNREACHABLE
+                ctx.metrics.upstream_errors.labels(kind).inc()
                 log.warning("watch on %s ended: %s: %s", ctx.api.resource, type(e).__name__, e)
         finally:
-            retired.cancel()
+            for waiter in ending:
+                waiter.cancel()
     await response.write_eof()
     return response
 
 
-def frame_events(buffer: bytearray, *, selector: Selector) -> tuple[bytes, int]:
-    """Filter every complete event in ``buffer``; returns (bytes to send, bytes consumed).
+class Framed(NamedTuple):
+    """What :func:`frame_events` made of a buffer."""
+
+    out: bytes
+    """The bytes to send."""
+    consumed: int
+    """How many bytes of the buffer were complete lines (now dealt with)."""
+    forwarded: int
+    """Events sent as the original bytes."""
+    dropped: int
+    """Events filtered out with nothing sent."""
+    synthesized: int
+    """Events replaced by a synthetic DELETED."""
+
+
+def frame_events(buffer: bytearray, *, selector: Selector) -> Framed:
+    """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
+    events were forwarded, dropped and synthesized.
 
     Lines are decoded straight from the buffer (a memoryview, no copy per event), and runs of
     consecutive forwarded events are sent as one slice of the original bytes.
     """
     out: list[bytes] = []
     start = run = 0  # run: where the current stretch of forwarded lines begins
+    events = dropped = synthesized = 0
     view = memoryview(buffer)
     try:
         while (end := buffer.find(b"\n", start)) != -1:
             if end - start > 1:  # not an empty keep-alive line
+                events += 1
                 verdict = filter_event(view[start : end + 1], selector)
                 if not verdict.forward:
                     if run < start:
                         out.append(bytes(view[run:start]))
                     if verdict.replacement is not None:
                         out.append(verdict.replacement)
+                        synthesized += 1
+                    else:
+                        dropped += 1
                     run = end + 1
             start = end + 1
         if run < start:
             out.append(bytes(view[run:start]))
     finally:
         view.release()
-    return b"".join(out), start
+    forwarded = events - dropped - synthesized
+    return Framed(b"".join(out), start, forwarded, dropped, synthesized)

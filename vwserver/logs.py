@@ -1,0 +1,70 @@
+"""Log output of ``vwserver serve``: one JSON object per line (``logFormat: json``) or text.
+
+Why JSON: in a cluster the logs go to a collector that indexes fields, so the request line
+(:data:`ACCESS_LOGGER`, written by :mod:`vwserver.proxy.handler`) carries slice, verb, user, code,
+duration and request id as fields rather than as words in a sentence. Every line logged while a
+request is being served carries that request's id (a context variable set by the proxy), so a
+warning such as "watch ended" can be tied to its request line.
+
+What never goes into a log: tokens and object contents. The proxy logs paths without their query
+string, the authenticated user name (never a credential), and error messages that name objects at
+most; the tests check a request with a token and a body against the output of both formats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["json", "text"]
+
+ACCESS_LOGGER = "vwserver.access"
+"""The logger of the one line per slice request."""
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("vwserver_request_id", default=None)
+"""The id of the request being served in this task (None outside requests)."""
+
+FIELDS_ATTR = "vwserver_fields"
+"""Attribute of a LogRecord (``extra={FIELDS_ATTR: {...}}``) with fields for the JSON output."""
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"time", "level", "logger", "msg", "requestId"?, <fields>..., "exc"?}`` per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            doc["requestId"] = request_id
+        fields = getattr(record, FIELDS_ATTR, None)
+        if fields:
+            doc.update(fields)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+def formatter(fmt: LogFormat) -> logging.Formatter:
+    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure_logging(*, level: str, fmt: LogFormat) -> None:
+    """Log to stderr at ``level`` in ``fmt``, replacing any handler configured before."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())

@@ -1,0 +1,94 @@
+"""The server's Prometheus metrics (``vwserver serve``), on a registry of its own.
+
+Why a registry per :class:`ServerMetrics` and not prometheus_client's global one: tests start
+many servers in one process, and each must count only its own requests (the syncer does the same,
+:mod:`vwserver.syncer.metrics`). :func:`vwserver.server.build_app` serves the registry at
+``metrics.path``; whoever builds the proxy and the controller passes one object to both.
+
+Label cardinality is bounded by construction: ``slice`` is ``<cluster>/<name>`` of a slice in the
+route table and :data:`UNKNOWN` for anything else (a client can put any name in a URL, and each
+would otherwise become a time series); ``verb`` is one of the apiserver's verbs; ``code`` one of
+the HTTP status codes the proxy answers; the other labels are fixed sets named below.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+UNKNOWN = "unknown"
+"""The ``slice`` (and ``verb``) label of a request that names no known slice (or verb)."""
+
+# Watch event outcomes (``vwserver_watch_events_total{outcome}``), see vwserver.proxy.filtering.
+FORWARDED = "forwarded"  # sent as the upstream's bytes
+DROPPED = "dropped"  # filtered out: nothing sent (an ADDED outside the slice)
+SYNTHESIZED = "synthesized"  # replaced by a synthetic DELETED (an object that left the slice)
+
+# Upstream error kinds (``vwserver_upstream_errors_total{kind}``).
+UNREACHABLE = "unreachable"  # no answer: connect failed, timed out, or the connection broke
+BAD_GATEWAY = "bad_gateway"  # an answer the proxy cannot use (undecodable, too large, ...)
+UPSTREAM_5XX = "5xx"  # the upstream answered with a 5xx status, relayed to the client
+
+# Request latency buckets: the default ones up to 10 s, plus 30 s and 60 s for large LISTs that the
+# proxy pages itself.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class ServerMetrics:
+    """Every metric of ``vwserver serve``: the proxy's and the embedded controller's."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "vwserver_requests",
+            "Slice requests by slice (<cluster>/<name>, or unknown), verb and HTTP code; a watch "
+            "is counted when it ends. 499: the client went away before the response started.",
+            ["slice", "verb", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "vwserver_request_duration_seconds",
+            "Slice request latency by verb: until the handler is done, except for watch: until "
+            "the response headers are sent (the watch is established), not its whole lifetime.",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.open_watches = Gauge(
+            "vwserver_open_watches",
+            "Watches currently streaming to clients, by slice.",
+            ["slice"],
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "vwserver_watch_events",
+            "Upstream watch events by slice and outcome: forwarded (the original bytes), dropped "
+            "(filtered out, nothing sent), synthesized (replaced by a minimal DELETED).",
+            ["slice", "outcome"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "vwserver_upstream_errors",
+            "Failed upstream exchanges by kind: unreachable (no answer, or the connection broke "
+            "mid-stream), bad_gateway (an answer the proxy cannot use), 5xx (an upstream 5xx).",
+            ["kind"],
+            registry=r,
+        )
+        self.reconciles = Counter(
+            "vwserver_controller_reconciles",
+            "Slice reconciles by result (ready, not_ready, deleted, error).",
+            ["result"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "vwserver_controller_queue_depth",
+            "Slices waiting in the controller's work queue (not those waiting for a retry).",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format (:data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
