@@ -19,6 +19,7 @@ absent, and refuses a conflicting value or a violated expression with a 422 nami
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -63,23 +64,7 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
     if not ctx.api.subresource:
         # A status update ignores metadata changes, so only main-resource updates can relabel.
         _check_stays(_labels(body), ctx)
-    for _ in range(_ATTEMPTS):
-        stored = await _stored(ctx)
-        if not isinstance(stored, ObjectHead):
-            return stored or ctx.not_found()
-        send, injected = _with_resource_version(body, stored)
-        async with ctx.upstream.request(
-            "PUT",
-            ctx.upstream_url,
-            query=list(ctx.query.items()),
-            headers=_json_headers(ctx),
-            data=_encoder.encode(send),
-        ) as up:
-            response = await relay_whole(up)
-        if injected and await _lost_race(ctx, response.status, "", stored):
-            continue
-        return response
-    raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
+    return await _write_checked(ctx, "PUT", lambda stored: _with_resource_version(body, stored))
 
 
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
@@ -137,29 +122,7 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
     options = _decode_json(raw) if raw.strip() else {}
     if not isinstance(options, dict):
         raise BadRequest("DeleteOptions must be a JSON object")
-    for _ in range(_ATTEMPTS):
-        stored = await _stored(ctx)
-        if not isinstance(stored, ObjectHead):
-            return stored or ctx.not_found()
-        send = dict(options)
-        injected = "preconditions" not in send
-        if injected:
-            send["preconditions"] = {
-                "uid": stored.metadata.uid,
-                "resourceVersion": stored.metadata.resourceVersion,
-            }
-        async with ctx.upstream.request(
-            "DELETE",
-            ctx.upstream_url,
-            query=list(ctx.query.items()),
-            headers=_json_headers(ctx),
-            data=_encoder.encode(send),
-        ) as up:
-            response = await relay_whole(up)
-        if injected and await _lost_race(ctx, response.status, "", stored):
-            continue
-        return response
-    raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
+    return await _write_checked(ctx, "DELETE", lambda stored: _with_preconditions(options, stored))
 
 
 async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
@@ -192,6 +155,46 @@ async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+async def _write_checked(
+    ctx: ProxyRequest,
+    method: str,
+    prepare: Callable[[ObjectHead], tuple[dict[str, Any], bool]],
+) -> web.StreamResponse:
+    """Check that the stored object is in the slice, then send the write made conditional on
+    what was checked (``prepare`` says whether it added that precondition); if the object
+    changed in between, check again."""
+    for _ in range(_ATTEMPTS):
+        stored = await _stored(ctx)
+        if not isinstance(stored, ObjectHead):
+            return stored or ctx.not_found()
+        send, injected = prepare(stored)
+        async with ctx.upstream.request(
+            method,
+            ctx.upstream_url,
+            query=list(ctx.query.items()),
+            headers=_json_headers(ctx),
+            data=_encoder.encode(send),
+        ) as up:
+            response = await relay_whole(up)
+        if injected and await _lost_race(ctx, response.status, "", stored):
+            continue
+        return response
+    raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
+
+
+def _with_preconditions(options: dict[str, Any], stored: ObjectHead) -> tuple[dict[str, Any], bool]:
+    """DeleteOptions conditional on the checked uid and resourceVersion, unless the client set
+    its own preconditions."""
+    if "preconditions" in options:
+        return options, False
+    send = dict(options)
+    send["preconditions"] = {
+        "uid": stored.metadata.uid,
+        "resourceVersion": stored.metadata.resourceVersion,
+    }
+    return send, True
 
 
 async def _lost_race(
