@@ -406,8 +406,20 @@ async def running(
         yield syncer
     finally:
         stop.set()
-        async with asyncio.timeout(20):
-            await task  # a crashed syncer fails the test here
+        try:
+            async with asyncio.timeout(20):
+                await task  # a crashed syncer fails the test here
+        except TimeoutError:
+            # A graceful stop that hangs is a bug: show where every pending task waits.
+            pending = [t for t in asyncio.all_tasks() if not t.done()]
+            stacks = "\n".join(
+                f"{t.get_name()}: "
+                + " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in t.get_stack(limit=6))
+                for t in pending
+            )
+            raise AssertionError(
+                f"syncer {config.name} did not stop within 20 s; pending tasks:\n{stacks}"
+            ) from None
 
 
 async def _done_or(task: asyncio.Task[None], value: bool) -> bool:

@@ -79,7 +79,10 @@ async def watch(
     try:
         while True:
             try:
-                event = await asyncio.wait_for(anext(events), idle)
+                # asyncio.timeout, not wait_for: wait_for would drive the generator from another
+                # task, and a cancellation racing with it can leave aclose() below waiting.
+                async with asyncio.timeout(idle):
+                    event = await anext(events)
             except StopAsyncIteration:
                 return
             except TimeoutError as e:
