@@ -59,6 +59,23 @@ class Served:
         out = result.stdout.strip()
         return json.loads(out) if out.startswith("{") else out
 
+    async def create_slice(
+        self,
+        ws: Workspace,
+        name: str,
+        *,
+        selector: dict[str, Any],
+        export_name: str | None = None,
+    ) -> None:
+        """A slice in ``ws`` over an export of the provider workspace (by path)."""
+        manifest = slice_manifest(
+            name,
+            export_path=self.world.provider.path,
+            export_name=export_name or self.world.export_name,
+            selector=selector,
+        )
+        await self.kubectl(ws, "apply", "-f", "-", input=manifest)
+
     async def slice_status(self, ws: Workspace, name: str) -> dict[str, Any]:
         doc = await self.kubectl(ws, "get", "filteredapiexportendpointslice", name, "-o", "json")
         return dict(doc.get("status") or {})
@@ -137,13 +154,7 @@ async def test_readyz_after_first_list(served: Served) -> None:
 async def test_slice_by_path_becomes_ready_and_its_url_works(served: Served) -> None:
     world = served.world
     name = unique("prod")
-    await served.kubectl(
-        world.provider, "apply", "-f", "-",
-        input=slice_manifest(
-            name, export_path=world.provider.path, export_name=world.export_name,
-            selector={"matchLabels": {"env": "prod"}},
-        ),
-    )  # fmt: skip
+    await served.create_slice(world.provider, name, selector={"matchLabels": {"env": "prod"}})
     status = await wait_ready(served, world.provider, name, within=10)
     assert status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
@@ -165,13 +176,11 @@ async def test_slice_in_another_workspace_references_the_export_by_path(served: 
     world = served.world
     ws = world.consumer("consumer-a")
     name = unique("dev")
-    await served.kubectl(
-        ws, "apply", "-f", "-",
-        input=slice_manifest(
-            name, export_path=world.provider.path, export_name=world.export_name,
-            selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
-        ),
-    )  # fmt: skip
+    await served.create_slice(
+        ws,
+        name,
+        selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
+    )
     status = await wait_ready(served, ws, name, within=10)
     url = status["endpoints"][0]["url"]
     assert f"/{ws.cluster}/{name}" in url
@@ -183,12 +192,9 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
     world = served.world
     export = f"{unique('gadgets')}.example.io"
     name = unique("gadgets")
-    await served.kubectl(
-        world.provider, "apply", "-f", "-",
-        input=slice_manifest(
-            name, export_path=world.provider.path, export_name=export, selector={"matchLabels": {"a": "b"}}
-        ),
-    )  # fmt: skip
+    await served.create_slice(
+        world.provider, name, selector={"matchLabels": {"a": "b"}}, export_name=export
+    )
 
     async def reported() -> dict[str, Any] | None:
         status = await served.slice_status(world.provider, name)
@@ -239,13 +245,7 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
 async def test_invalid_selector_is_reported(served: Served) -> None:
     world = served.world
     name = unique("bad")
-    await served.kubectl(
-        world.provider, "apply", "-f", "-",
-        input=slice_manifest(
-            name, export_path=world.provider.path, export_name=world.export_name,
-            selector={"matchLabels": {"not a key!": "x"}},
-        ),
-    )  # fmt: skip
+    await served.create_slice(world.provider, name, selector={"matchLabels": {"not a key!": "x"}})
 
     async def reported() -> dict[str, Any] | None:
         status = await served.slice_status(world.provider, name)
@@ -262,13 +262,7 @@ async def test_invalid_selector_is_reported(served: Served) -> None:
 async def test_deleting_a_slice_stops_serving_and_ends_watches(served: Served) -> None:
     world = served.world
     name = unique("gone")
-    await served.kubectl(
-        world.provider, "apply", "-f", "-",
-        input=slice_manifest(
-            name, export_path=world.provider.path, export_name=world.export_name,
-            selector={"matchLabels": {"env": "prod"}},
-        ),
-    )  # fmt: skip
+    await served.create_slice(world.provider, name, selector={"matchLabels": {"env": "prod"}})
     status = await wait_ready(served, world.provider, name, within=10)
     url = status["endpoints"][0]["url"] + f"/clusters/*/{world.api_path}/{world.resource}"
     async with aiohttp.ClientSession() as s:

@@ -25,6 +25,7 @@ from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
+from vwserver.testing.kubectl import JsonStream
 from vwserver.testing.serve import serve_app
 
 EVENT_TIMEOUT = 20.0
@@ -159,24 +160,10 @@ async def test_watch_follows_a_label_change(proxy: Proxy, world: Bootstrap) -> N
         "kubectl", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     assert proc.stdout is not None
-    decoder = json.JSONDecoder()
-    buffer = ""
+    events = JsonStream(proc.stdout)
 
     async def next_event() -> dict[str, Any]:
-        nonlocal buffer
-        async with asyncio.timeout(EVENT_TIMEOUT):
-            while True:
-                stripped = buffer.lstrip()
-                if stripped:
-                    try:
-                        event, end = decoder.raw_decode(stripped)
-                        buffer = stripped[end:]
-                        return dict(event)
-                    except json.JSONDecodeError:
-                        pass
-                chunk = await proc.stdout.read(65536)  # type: ignore[union-attr]
-                assert chunk, "kubectl get -w ended"
-                buffer += chunk.decode()
+        return await events.next(within=EVENT_TIMEOUT)
 
     try:
         first = await next_event()

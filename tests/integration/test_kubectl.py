@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import SLICE_CLUSTER, Env
+from vwserver.testing.kubectl import JsonStream
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 
@@ -116,23 +117,10 @@ async def test_watch_across_a_label_change(env: Env, kubectl: tuple[Kubectl, Kub
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
-    decoder = json.JSONDecoder()
-    buffer = ""
+    events = JsonStream(proc.stdout)
 
     async def next_event() -> dict[str, object]:
-        nonlocal buffer
-        while True:
-            stripped = buffer.lstrip()
-            if stripped:
-                try:
-                    event, end = decoder.raw_decode(stripped)
-                    buffer = stripped[end:]
-                    return dict(event)
-                except json.JSONDecodeError:
-                    pass
-            chunk = await asyncio.wait_for(proc.stdout.read(65536), 15)  # type: ignore[union-attr]
-            assert chunk, "kubectl get -w ended"
-            buffer += chunk.decode()
+        return await events.next(within=15)
 
     try:
         initial = [await next_event() for _ in range(6)]  # the 6 visible widgets, as ADDED
