@@ -93,6 +93,7 @@ class SliceController:
         self._metrics.queue_depth.set_function(self._queue.qsize)
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._vw_urls: tuple[str, ...] = ()
+        self._export_watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.synced = asyncio.Event()
         """Set once the first complete list of slices has been seen (``/readyz``)."""
 
@@ -212,6 +213,7 @@ class SliceController:
 
     async def reconcile(self, key: Key) -> bool | None:
         """Bring one slice's route and status in line; whether it is ready (None: deleted)."""
+        self._follow_exports()
         obj = self._objects.get(key)
         if obj is None:
             if self._dynamic.pop(key, None) is not None:
@@ -284,7 +286,50 @@ class SliceController:
         routes.update(self._dynamic)
         self._routes.replace(RouteTable(routes.values()))
 
+    # --- following the exports the slices reference ----------------------------------------
+
+    def _follow_exports(self) -> None:
+        """Watch the APIExport and APIExportEndpointSlice of every referenced export, so that a
+        slice reacts at once when its export appears, changes or goes away — including the
+        endpoint URL that kcp publishes only when the first APIBinding exists (issue #4 §2).
+        The requeue/resync timers stay as a safety net."""
+        wanted = {export_ref(obj) for obj in self._objects.values()}
+        wanted.discard(("", ""))
+        for ref in set(self._export_watches) - wanted:
+            self._export_watches.pop(ref).cancel()
+        for ref in wanted - set(self._export_watches):
+            self._export_watches[ref] = asyncio.create_task(
+                self._watch_export(ref), name=f"export {ref[0]}/{ref[1]}"
+            )
+
+    async def _watch_export(self, ref: tuple[str, str]) -> None:
+        path, name = ref
+
+        def touched(*_: object) -> None:
+            for key, obj in list(self._objects.items()):
+                if export_ref(obj) == ref:
+                    self._enqueue(key)
+
+        selector = [("fieldSelector", f"metadata.name={name}")]
+        async with asyncio.TaskGroup() as tasks:
+            for collection in ("v1alpha2/apiexports", "v1alpha1/apiexportendpointslices"):
+                informer = Informer(
+                    client=self._client,
+                    path=f"/clusters/{path}/apis/apis.kcp.io/{collection}",
+                    query=selector,
+                    on_list=touched,
+                    on_event=touched,
+                    backoff=self._settings.retry,
+                )
+                tasks.create_task(informer.run())
+
     async def aclose(self) -> None:
+        for task in self._export_watches.values():
+            task.cancel()
+        for task in self._export_watches.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._export_watches.clear()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()

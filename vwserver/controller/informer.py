@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +43,13 @@ class Informer:
         path: str,
         on_list: Callable[[list[JSON]], None],
         on_event: Callable[[str, JSON], None],
+        query: Sequence[tuple[str, str]] = (),
         backoff: Backoff | None = None,
         sleep: Callable[[float], Any] = asyncio.sleep,
     ) -> None:
         self._client = client
         self._path = path
+        self._query = tuple(query)  # e.g. a fieldSelector, on the list and the watch alike
         self._on_list = on_list
         self._on_event = on_event
         self._backoff = backoff or Backoff()
@@ -71,13 +73,13 @@ class Informer:
                 await self._sleep(delay)
 
     async def _list(self) -> str:
-        doc = await self._client.request("GET", self._path)
+        doc = await self._client.request("GET", self._path, query=self._query)
         self._on_list(list(doc.get("items") or []))
         return str((doc.get("metadata") or {}).get("resourceVersion", ""))
 
     async def _watch(self, rv: str) -> str | None:
         """Watch from ``rv``; the resourceVersion to resume from, or None to relist."""
-        query = [("resourceVersion", rv), ("allowWatchBookmarks", "true")]
+        query = [*self._query, ("resourceVersion", rv), ("allowWatchBookmarks", "true")]
         async for event in self._client.watch(self._path, query=query):
             kind = event.get("type")
             obj = event.get("object") or {}
