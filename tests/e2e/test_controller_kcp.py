@@ -92,7 +92,7 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float,
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in status.get("conditions", []) if c["type"] == type_)
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
 def unique(prefix: str) -> str:
@@ -199,7 +199,7 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
     async def reported() -> dict[str, Any] | None:
         status = await served.slice_status(world.provider, name)
         valid = condition(status, "APIExportValid")
-        return status if valid["status"] == "False" else None
+        return status if valid.get("status") == "False" else None
 
     status = await eventually(reported, within=10, what="APIExportValid=False")
     valid = condition(status, "APIExportValid")
