@@ -214,41 +214,9 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         assert r.status == 503
         assert export in (await r.json())["message"]
-    # A second controller that would re-check a not-ready slice only after a minute: if it
-    # serves the slice within seconds of the export appearing, it followed the export's watch.
-    auth = load_kubeconfig(served.kcp.kubeconfig, context=served.kcp.admin_context)
-    watching_routes = Routes()
-    async with KubeClient(auth=auth) as client:
-        watcher = SliceController(
-            client=client,
-            routes=watching_routes,
-            settings=ControllerSettings(
-                export_path=served.api_ws.path,
-                external_url=served.base,
-                resync=60.0,
-                retry=Backoff(initial=60.0, maximum=60.0),
-            ),
-        )
-        task = asyncio.create_task(watcher.run())
-        try:
-
-            async def seen_not_ready() -> bool:
-                route = watching_routes.table.lookup(world.provider.cluster, name)
-                return route is not None and route.not_ready is not None
-
-            await eventually(seen_not_ready, within=10, what="second controller sees the slice")
-            await _create_and_bind_export(served, export)
-
-            async def serving() -> bool:
-                route = watching_routes.table.lookup(world.provider.cluster, name)
-                return route is not None and route.not_ready is None
-
-            await eventually(serving, within=10, what="slice served after its export appeared")
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await watcher.aclose()
+    # create the export and bind it somewhere: the slice becomes Ready (the controller follows
+    # the export's watches; tests/integration/test_controller_follows_exports.py isolates that)
+    await _create_and_bind_export(served, export)
     await wait_ready(served, world.provider, name, within=10)
 
 
