@@ -450,3 +450,31 @@ async def test_list_broken_mid_stream_is_not_a_short_list() -> None:
                 assert r.status == 200
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await r.read()
+
+
+async def test_slow_watch_client_slows_the_upstream_read(env: Env) -> None:
+    """A client that stops reading must not make the proxy buffer the stream: the proxy stops
+    reading upstream, so the events back up at the upstream (issue #2 §3), and none is lost."""
+    url = env.widgets(cluster="c1", ns=None)
+    _, doc = await env.get_json(url)
+    rv = doc["metadata"]["resourceVersion"]
+    count, blob = 600, "x" * 100_000  # ~60 MB: far more than the sockets between can hold
+    # a client with small read buffers, so that what is in flight is mostly socket buffers
+    async with (
+        aiohttp.ClientSession(read_bufsize=2**17) as client,
+        client.get(url, params={"watch": "1", "resourceVersion": rv}) as w,
+    ):
+        assert w.status == 200
+        for i in range(count):
+            big = widget(f"big-{i}", env="prod")
+            big["spec"]["blob"] = blob
+            env.fake.create(cluster="c1", obj=big)
+        await asyncio.sleep(1.0)  # let everything flow that can flow
+        # Without backpressure the proxy would take everything and the upstream's backlog
+        # would be ~0; with it, most of the 60 MB waits at the upstream.
+        backlog = env.fake.watch_write_backlog
+        assert backlog > 20_000_000, f"only {backlog} bytes held back upstream"
+        names = [
+            (await next_event(w, timeout=20))["object"]["metadata"]["name"] for _ in range(count)
+        ]
+    assert names == [f"big-{i}" for i in range(count)]

@@ -90,6 +90,7 @@ class Handlers:
         self.store = store
         self.closing = False
         self.active_watches = 0
+        self.watch_requests: dict[int, web.Request] = {}  # by id(): requests are unhashable
         self._discovery = render.discovery_documents(
             store.specs, f"{fake.base_path}/clusters/*/openapi/v3"
         )
@@ -388,6 +389,7 @@ class Handlers:
         if error is None:
             self.store.watch(spec, watcher)
             self.active_watches += 1
+            self.watch_requests[id(request)] = request
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         try:
             await response.prepare(request)
@@ -401,6 +403,7 @@ class Handlers:
         finally:
             if error is None:
                 self.active_watches -= 1
+                self.watch_requests.pop(id(request), None)
             self.store.unwatch(spec, watcher)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()

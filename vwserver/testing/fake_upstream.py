@@ -133,6 +133,16 @@ class FakeUpstream:
         return self._handlers.active_watches
 
     @property
+    def watch_write_backlog(self) -> int:
+        """Bytes of watch responses written but not yet taken by the reader (its socket buffer
+        plus ours): grows when whoever reads the watch stops reading."""
+        return sum(
+            r.transport.get_write_buffer_size()
+            for r in self._handlers.watch_requests.values()
+            if r.transport is not None
+        )
+
+    @property
     def resource_version(self) -> int:
         """The store's current (global) resourceVersion."""
         return self._store.rv
