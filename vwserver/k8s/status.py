@@ -17,8 +17,6 @@ from vwserver.errors import RequestError
 
 _encoder = msgspec.json.Encoder()
 
-JSON_CONTENT_TYPE = "application/json"
-
 
 def status_body(
     *,

@@ -32,7 +32,6 @@ class ListMeta(msgspec.Struct, omit_defaults=True):
     resourceVersion: str = ""
     # ``continue`` is a Python keyword; ``rename`` maps the wire name.
     continue_: str = msgspec.field(default="", name="continue")
-    remainingItemCount: int | None = None
 
 
 class ListPage(msgspec.Struct):
@@ -88,7 +87,7 @@ class WatchEventLabels(msgspec.Struct):
 
 
 class WatchEventHead(msgspec.Struct):
-    """A watch event: its type decoded, its object kept as raw bytes."""
+    """A watch event with its object's head (for a synthetic DELETED)."""
 
     type: str
-    object: msgspec.Raw
+    object: ObjectHead

@@ -50,7 +50,7 @@ _table_decoder = msgspec.json.Decoder(TablePage)
 _list_labels_decoder = msgspec.json.Decoder(ListLabels)
 _table_labels_decoder = msgspec.json.Decoder(TableLabels)
 _encoder = msgspec.json.Encoder()
-_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
 
 class UndecodableError(ValueError):
@@ -181,14 +181,14 @@ def synthetic_deleted(head: ObjectHead) -> bytes:
 class EventVerdict:
     """What to do with one upstream watch line."""
 
-    type: str
     forward: bool = False
     """Send the original line unchanged."""
     replacement: bytes | None = None
     """Send this instead (a synthetic DELETED); nothing at all if neither is set."""
 
 
-_FORWARD = {kind: EventVerdict(kind, forward=True) for kind in _EVENT_TYPES}
+_FORWARD = EventVerdict(forward=True)
+_DROP = EventVerdict()
 
 
 def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
@@ -202,15 +202,14 @@ def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     kind = event.type
-    forward = _FORWARD.get(kind)
-    if forward is None:
+    if kind not in _EVENT_TYPES:
         raise UndecodableError(f"unknown watch event type {kind!r}")
     if kind in ("BOOKMARK", "ERROR") or selector.matches(event.object.metadata.labels):
-        return forward
+        return _FORWARD
     if kind == "ADDED":
-        return EventVerdict(kind)
+        return _DROP
     try:
-        head = decode_head(_event_decoder.decode(line).object)
+        head = _event_decoder.decode(line).object
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
-    return EventVerdict(kind, replacement=synthetic_deleted(head))
+    return EventVerdict(replacement=synthetic_deleted(head))
