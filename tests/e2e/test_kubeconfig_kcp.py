@@ -12,31 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 from pathlib import Path
 
 import yaml
 
+from tests.integration.test_kubeconfig_cmd import vwserver_kubeconfig
 from vwserver.devenv.bootstrap import Bootstrap, apply_retrying, wait_workspace_ready
 from vwserver.devenv.kcp import KcpInstance
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "filteredapiexportendpointslices.yaml"
-
-
-async def vwserver_kubeconfig(*args: str, timeout: float = 60) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vwserver.cli", "kubeconfig", *args,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode or 0, err.decode()
 
 
 async def test_slice_lookup_and_kubectl_against_kcp(
@@ -73,7 +59,7 @@ async def test_slice_lookup_and_kubectl_against_kcp(
     out = tmp_path / "prod.kubeconfig"
     code, err = await vwserver_kubeconfig(
         "--slice", "prod", "--workspace", ws.path, "--kubeconfig", str(kcp.kubeconfig),
-        "--context", kcp.admin_context, "-o", str(out),
+        "--context", kcp.admin_context, "-o", str(out), timeout=60,
     )  # fmt: skip
     assert (code, err) == (0, "")
     doc = yaml.safe_load(out.read_text())
@@ -91,7 +77,7 @@ async def test_slice_lookup_and_kubectl_against_kcp(
     # a slice that does not exist: one line naming --slice
     code, err = await vwserver_kubeconfig(
         "--slice", "nope", "--workspace", ws.path, "--kubeconfig", str(kcp.kubeconfig),
-        "--context", kcp.admin_context,
+        "--context", kcp.admin_context, timeout=60,
     )  # fmt: skip
     assert code == 2
     assert (
