@@ -17,7 +17,10 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   │                           caller without permission on the slice (vwserver.auth)
     │   ├── NotFound           404  unknown slice, or an object outside the slice
     │   ├── MethodNotAllowed   405  e.g. writes on the ``clusters/*`` wildcard
-    │   ├── Conflict           409  the object changed between check and write
+    │   ├── NotAcceptable      406  an Accept header naming no representation the proxy serves
+    │   ├── Conflict           409  the object changed between check and write, or the
+    │   │                           client's own precondition does not hold
+    │   ├── RequestEntityTooLarge 413  a request body over the limit
     │   ├── Invalid            422  a write would put the object outside the slice
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
     │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
@@ -97,6 +100,16 @@ class NotFound(RequestError):
 class MethodNotAllowed(RequestError):
     code = 405
     reason = "MethodNotAllowed"
+
+
+class NotAcceptable(RequestError):
+    code = 406
+    reason = "NotAcceptable"
+
+
+class RequestEntityTooLarge(RequestError):
+    code = 413
+    reason = "RequestEntityTooLarge"
 
 
 class Conflict(RequestError):

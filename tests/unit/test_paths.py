@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vwserver.errors import BadRequest, MethodNotAllowed
+from vwserver.errors import BadRequest, MethodNotAllowed, NotFound
 from vwserver.proxy.paths import PREFIX, ApiRequest, Verb, classify, split_slice_path
 
 
@@ -49,14 +49,24 @@ def test_malformed_paths_are_bad_requests(tail: str) -> None:
 @pytest.mark.parametrize(
     ("path", "method", "watch", "expected"),
     [
-        ("/api", "GET", False, ApiRequest(discovery=True, verb=Verb.GET)),
-        ("/apis", "GET", False, ApiRequest(discovery=True, verb=Verb.GET)),
-        ("/openapi/v3", "GET", False, ApiRequest(discovery=True, verb=Verb.GET)),
+        ("/api", "GET", False, ApiRequest(discovery=True, verb=Verb.GET, discovery_path="/api")),
+        ("/apis", "GET", False, ApiRequest(discovery=True, verb=Verb.GET, discovery_path="/apis")),
+        (
+            "/openapi/v3",
+            "GET",
+            False,
+            ApiRequest(discovery=True, verb=Verb.GET, discovery_path="/openapi/v3"),
+        ),
         (
             "/apis/example.io/v1alpha1",
             "GET",
             False,
-            ApiRequest(discovery=True, verb=Verb.GET, group="example.io"),
+            ApiRequest(
+                discovery=True,
+                verb=Verb.GET,
+                group="example.io",
+                discovery_path="/apis/example.io/v1alpha1",
+            ),
         ),
         (
             "/apis/example.io/v1alpha1/widgets",
@@ -138,9 +148,68 @@ def test_methods_not_allowed(path: str, method: str) -> None:
         "/apis/Example.io/v1/widgets",
         "/apis/example.io/v1/namespaces/NS/widgets",
         "/apis/example.io/v1/widgets/a/b/c/d",
-        "/foo",
+        "/apis/example.io/v1/watch",
+        "/apis/example.io/v1/watch/namespaces/ns1/widgets/w1/status",
+        "/apis/example.io/v1/watch/widgets/w1/extra",
+        "/",
     ],
 )
 def test_bad_api_paths(path: str) -> None:
     with pytest.raises(BadRequest):
         classify(path, method="GET", watch=False)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/foo", "/openapi/v4", "/version/x", "/openapi/v3/apis/example.io", "/healthz"],
+)
+def test_unknown_documents_are_not_found(path: str) -> None:
+    with pytest.raises(NotFound):
+        classify(path, method="GET", watch=False)
+
+
+def test_only_the_status_subresource_exists() -> None:
+    with pytest.raises(NotFound):
+        classify("/apis/example.io/v1/namespaces/ns1/widgets/w1/scale", method="GET", watch=False)
+    api = classify(
+        "/apis/example.io/v1/namespaces/ns1/widgets/w1/status", method="GET", watch=False
+    )
+    assert api.path == "/apis/example.io/v1/namespaces/ns1/widgets/w1/status"
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "upstream_path"),
+    [
+        ("/apis/example.io/v1/watch/widgets", "", "/apis/example.io/v1/widgets"),
+        (
+            "/apis/example.io/v1/watch/namespaces/ns1/widgets",
+            "",
+            "/apis/example.io/v1/namespaces/ns1/widgets",
+        ),
+        (
+            "/apis/example.io/v1/watch/namespaces/ns1/widgets/w1",
+            "w1",
+            "/apis/example.io/v1/namespaces/ns1/widgets",
+        ),
+        ("/api/v1/watch/namespaces/ns1/configmaps/c", "c", "/api/v1/namespaces/ns1/configmaps"),
+    ],
+)
+def test_deprecated_watch_paths_are_watches_of_the_collection(
+    path: str, name: str, upstream_path: str
+) -> None:
+    """The apiserver still serves /watch/ paths; the proxy serves them as the watches they are
+    and sends the upstream the collection path (the name becomes a field selector)."""
+    api = classify(path, method="GET", watch=False)
+    assert api.verb is Verb.WATCH and api.legacy_watch and api.name == name
+    assert api.path == upstream_path
+
+
+def test_a_get_of_one_object_ignores_watch() -> None:
+    # The apiserver's RequestInfo: "watch" is a list option; GET <name>?watch=1 is a GET.
+    api = classify("/apis/example.io/v1/namespaces/ns1/widgets/w1", method="GET", watch=True)
+    assert api.verb is Verb.GET
+
+
+def test_upstream_path_is_rebuilt_not_copied() -> None:
+    api = classify("/apis/example.io/v1//namespaces/ns1/widgets/w1/", method="PUT", watch=False)
+    assert api.path == "/apis/example.io/v1/namespaces/ns1/widgets/w1"

@@ -79,11 +79,20 @@ class TableLabels(msgspec.Struct):
     rows: list[_RowLabels] | None = None
 
 
+class _EventObject(msgspec.Struct):
+    """An event's object as far as the filter reads it: its kind, its labels, and — for a
+    Table (``kubectl get -w``) — the labels of the object embedded in each row."""
+
+    kind: str = ""
+    metadata: _Labels = msgspec.field(default_factory=_Labels)
+    rows: list[_RowLabels] | None = None
+
+
 class WatchEventLabels(msgspec.Struct):
     """A watch event's type and its object's labels: all the hot path of a watch decodes."""
 
     type: str
-    object: LabelsOnly
+    object: _EventObject
 
 
 class WatchEventHead(msgspec.Struct):

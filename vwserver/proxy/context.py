@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
-from multidict import MultiDictProxy
+from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, SelectorError
 from vwserver.k8s.status import not_found
 from vwserver.metrics import UNKNOWN, ServerMetrics
-from vwserver.proxy.paths import ApiRequest, SlicePath
-from vwserver.proxy.upstream import UpstreamClient
+from vwserver.proxy.negotiation import Representation, Shape
+from vwserver.proxy.options import Options
+from vwserver.proxy.paths import ApiRequest, SlicePath, Verb
+from vwserver.proxy.upstream import UpstreamClient, forwarded_headers
+from vwserver.proxy.yamlout import json_to_yaml
 from vwserver.routes import Route
 from vwserver.selector import Selector
 
@@ -42,6 +45,10 @@ class ProxyRequest:
     route: Route
     path: SlicePath
     api: ApiRequest
+    options: Options
+    """The checked query (:mod:`vwserver.proxy.options`); the client's raw query is never used."""
+    representation: Representation
+    """What the client asked for (:mod:`vwserver.proxy.negotiation`)."""
     upstream: UpstreamClient
     page_size: int
     upstream_base: str
@@ -52,51 +59,104 @@ class ProxyRequest:
     """Set when the server stops serving (graceful shutdown): open watches end cleanly."""
 
     @property
-    def query(self) -> MultiDictProxy[str]:
-        return self.request.rel_url.query
+    def cluster_base(self) -> str:
+        return f"{self.upstream_base}/clusters/{self.path.cluster}"
 
     @property
     def upstream_url(self) -> str:
-        """Same path below the upstream virtual workspace as below the slice."""
-        return f"{self.upstream_base}/clusters/{self.path.cluster}{self.path.api_path}"
+        """The classified request's canonical path below the upstream virtual workspace."""
+        return f"{self.cluster_base}{self.api.path}"
+
+    @property
+    def collection_url(self) -> str:
+        return f"{self.cluster_base}{self.api.collection_path}"
+
+    def item_url(self, *, namespace: str, name: str) -> str:
+        """Another object of the same resource (e.g. one item of a collection)."""
+        api = replace(self.api, namespace=namespace, name=name, subresource="")
+        return f"{self.cluster_base}{api.object_path}"
 
     @property
     def object_url(self) -> str:
         """URL of the named object itself (without subresource), for the proxy's own checks."""
-        api = self.api
-        base = f"{self.upstream_base}/clusters/{self.path.cluster}"
-        prefix = f"/apis/{api.group}/{api.version}" if api.group else f"/api/{api.version}"
-        ns = f"/namespaces/{api.namespace}" if api.namespace else ""
-        return f"{base}{prefix}{ns}/{api.resource}/{api.name}"
+        return f"{self.cluster_base}{self.api.object_path}"
+
+    def upstream_headers(self, *, content_type: str | None = None) -> CIMultiDict[str]:
+        """Headers for an upstream request: the allow-listed client headers, the one
+        representation the proxy chose, and the content type the proxy checked."""
+        return forwarded_headers(
+            self.request.headers,
+            accept=self.representation.upstream_accept,
+            content_type=content_type,
+        )
 
     def effective_selector(self) -> Selector:
         """The slice's selector AND the client's ``labelSelector`` (400 if that is malformed)."""
-        client = self.query.getall("labelSelector", [])
         selector = self.route.selector
-        for text in client:
+        text = self.options.get("labelSelector")
+        if text:
             try:
                 selector = selector & Selector.parse(text)
             except SelectorError as e:
                 raise BadRequest(e.message) from e  # the message names labelSelector
         return selector
 
+    @property
+    def strip_objects(self) -> bool:
+        """A Table without embedded objects was asked for: the proxy fetches rows with their
+        metadata (it needs the labels) and removes the objects before answering."""
+        return (
+            self.representation.shape is Shape.TABLE
+            and self.options.get("includeObject") == "None"
+            and not self.api.is_apibindings
+        )
+
     def upstream_query(
-        self, *, drop: Iterable[str] = (), extra: Iterable[tuple[str, str]] = ()
+        self,
+        *,
+        drop: Iterable[str] = (),
+        extra: Iterable[tuple[str, str]] = (),
+        push_selector: bool = True,
     ) -> list[tuple[str, str]]:
-        """The client's query with its labelSelector replaced by the effective selector."""
-        dropped = {"labelSelector", *drop}
-        out = [(k, v) for k, v in self.query.items() if k not in dropped]
-        if self.api.name == "" or self.api.verb in ("list", "watch", "deletecollection"):
+        """The checked query with the effective selector pushed down (reads and
+        deletecollection; not for the unfiltered apibindings) and what the proxy must see of
+        each object made sure of."""
+        dropped = {"labelSelector", *drop} if push_selector else set(drop)
+        api = self.api
+        if api.verb is Verb.GET:
+            dropped.add("watch")  # ignored by a GET of one object; never forwarded
+        if self.strip_objects:
+            dropped.add("includeObject")
+        out = self.options.without(*dropped)
+        if push_selector and api.verb in (Verb.LIST, Verb.WATCH, Verb.DELETECOLLECTION):
             rendered = self.effective_selector().render()
             if rendered:
                 out.append(("labelSelector", rendered))
+        if api.verb is Verb.WATCH and "watch" not in self.options:
+            out.append(("watch", "true"))  # a deprecated /watch/ path, sent as a watch
+        if api.legacy_watch and api.name:
+            out = [(k, v) for k, v in out if k != "fieldSelector"]
+            out.append(("fieldSelector", self._name_field_selector()))
+        if self.strip_objects:
+            out.append(("includeObject", "Metadata"))
         out.extend(extra)
         return out
 
+    def _name_field_selector(self) -> str:
+        """A watch of one object by a deprecated ``/watch/<name>`` path is a watch with
+        ``fieldSelector=metadata.name=<name>``; a client's own field selector must agree
+        (the apiserver's rule, with its message)."""
+        wanted = f"metadata.name={self.api.name}"
+        given = self.options.get("fieldSelector")
+        if given and given not in (wanted, f"metadata.name=={self.api.name}"):
+            raise BadRequest("fieldSelector metadata.name doesn't match requested name")
+        return wanted
+
     def not_found(self) -> web.Response:
         """The apiserver's NotFound for this object, for missing and invisible objects alike."""
-        return web.Response(
-            status=404,
-            body=not_found(resource=self.api.resource, group=self.api.group, name=self.api.name),
-            content_type="application/json",
-        )
+        body = not_found(resource=self.api.resource, group=self.api.group, name=self.api.name)
+        if self.representation.yaml:
+            return web.Response(
+                status=404, body=json_to_yaml(body), content_type="application/yaml"
+            )
+        return web.Response(status=404, body=body, content_type="application/json")

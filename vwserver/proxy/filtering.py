@@ -21,11 +21,15 @@ DELETED, no match  a synthetic DELETED with identifying metadata only
 BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; the
                    ``k8s.io/initial-events-end`` annotation must reach client-go)
 =================  =================================================================
+
+The same holds in every representation: in a Table watch the object inside the event's row is
+matched, and a synthetic DELETED is itself a Table (:func:`filter_event`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -136,12 +140,28 @@ def decode_page(body: bytes) -> Page:
     )
 
 
-def list_header(page: Page, *, resource_version: str, continue_token: str) -> bytes:
-    """The opening of a streamed list response, up to and including the ``[`` of its entries.
+def list_fields(page: Page, *, resource_version: str, continue_token: str) -> dict[str, Any]:
+    """A list response's fields other than its entries (decoded; for YAML output).
 
     ``remainingItemCount`` is dropped: it counts upstream objects, and with the proxy's own
     check it could count objects the client may not see.
     """
+    metadata: dict[str, str] = {"resourceVersion": resource_version}
+    if continue_token:
+        metadata["continue"] = continue_token
+    fields: dict[str, Any] = {
+        "kind": page.kind,
+        "apiVersion": page.api_version,
+        "metadata": metadata,
+    }
+    if page.is_table:
+        fields["columnDefinitions"] = msgspec.json.decode(page.column_definitions or b"[]")
+    return fields
+
+
+def list_header(page: Page, *, resource_version: str, continue_token: str) -> bytes:
+    """The opening of a streamed JSON list response, up to and including the ``[`` of its
+    entries (the fields of :func:`list_fields`, in the apiserver's key order)."""
     metadata: dict[str, str] = {"resourceVersion": resource_version}
     if continue_token:
         metadata["continue"] = continue_token
@@ -191,11 +211,18 @@ _FORWARD = EventVerdict(forward=True)
 _DROP = EventVerdict()
 
 
-def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
+def filter_event(
+    line: bytes | memoryview, selector: Selector, *, strip_objects: bool = False
+) -> EventVerdict:
     """Decide one watch event (one JSON line, newline included). Raises UndecodableError.
 
     The common case — a matching event — costs one decode that reads only the type and the
     labels; the object's identity is decoded only when a synthetic DELETED has to be made.
+
+    In a Table watch (``Accept: ...;as=Table``) the event's object is a Table whose row embeds
+    the object (a PartialObjectMetadata unless ``includeObject=Object``); the row's object is
+    what is matched, and a Table with no row object at all is never shown. ``strip_objects``
+    (the client asked for ``includeObject=None``) removes the row objects after matching.
     """
     try:
         event = _event_labels_decoder.decode(line)
@@ -204,7 +231,22 @@ def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
     kind = event.type
     if kind not in _EVENT_TYPES:
         raise UndecodableError(f"unknown watch event type {kind!r}")
-    if kind in ("BOOKMARK", "ERROR") or selector.matches(event.object.metadata.labels):
+    if kind in ("BOOKMARK", "ERROR"):
+        return _FORWARD
+    obj = event.object
+    if obj.kind == "Table":
+        rows = obj.rows or []
+        visible = bool(rows) and all(
+            r.object is not None and selector.matches(r.object.metadata.labels) for r in rows
+        )
+        if visible:
+            return (
+                EventVerdict(replacement=_without_row_objects(line)) if strip_objects else _FORWARD
+            )
+        if kind == "ADDED":
+            return _DROP
+        return EventVerdict(replacement=_synthetic_table_deleted(line))
+    if selector.matches(obj.metadata.labels):
         return _FORWARD
     if kind == "ADDED":
         return _DROP
@@ -213,3 +255,58 @@ def filter_event(line: bytes | memoryview, selector: Selector) -> EventVerdict:
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     return EventVerdict(replacement=synthetic_deleted(head))
+
+
+class _TableRowHead(msgspec.Struct):
+    object: ObjectHead | None = None
+
+
+class _TableHead(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    rows: list[_TableRowHead] | None = None
+
+
+class _TableEventHead(msgspec.Struct):
+    type: str
+    object: _TableHead
+
+
+_table_event_decoder = msgspec.json.Decoder(_TableEventHead)
+
+
+def _synthetic_table_deleted(line: bytes | memoryview) -> bytes:
+    """A DELETED Table event whose one row names the object and says nothing else (its cells
+    hold the name only; ``kubectl get -w`` prints the name column)."""
+    try:
+        event = _table_event_decoder.decode(line)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    rows = []
+    for row in event.object.rows or []:
+        if row.object is None:
+            continue
+        identity = msgspec.json.decode(synthetic_deleted(row.object))["object"]
+        rows.append({"cells": [row.object.metadata.name], "object": identity})
+    table: dict[str, object] = {
+        "kind": "Table",
+        "apiVersion": event.object.apiVersion,
+        "metadata": {},
+        "columnDefinitions": None,
+        "rows": rows,
+    }
+    return _encoder.encode({"type": "DELETED", "object": table}) + b"\n"
+
+
+def _without_row_objects(line: bytes | memoryview) -> bytes:
+    event = msgspec.json.decode(line)
+    for row in event.get("object", {}).get("rows") or []:
+        row.pop("object", None)
+    return _encoder.encode(event) + b"\n"
+
+
+def strip_row_object(row: bytes | msgspec.Raw) -> bytes:
+    """One Table row without its embedded object (``includeObject=None``)."""
+    decoded = msgspec.json.decode(row)
+    decoded.pop("object", None)
+    return _encoder.encode(decoded)

@@ -24,12 +24,13 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from vwserver import metrics as m
-from vwserver.auth.guard import Guard
+from vwserver.auth.guard import AuthMode, Guard
 from vwserver.errors import (
     BadGateway,
     Forbidden,
     MethodNotAllowed,
     NotFound,
+    RequestEntityTooLarge,
     RequestError,
     UpstreamUnavailable,
     UpstreamUnreachable,
@@ -37,7 +38,7 @@ from vwserver.errors import (
 from vwserver.k8s.status import from_error
 from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
 from vwserver.metrics import ServerMetrics
-from vwserver.proxy import lists, reads, watch, writes
+from vwserver.proxy import lists, negotiation, options, reads, watch, writes
 from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
@@ -85,6 +86,8 @@ class ProxyHandler:
         self._metrics = metrics
         self._closing = closing
         self._guard = guard
+        # In delegated mode the upstream sees vwserver's identity, not the caller's.
+        self._delegated = guard is None or guard.mode is AuthMode.DELEGATED
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         record = RequestRecord(id=str(uuid.uuid4()), started=asyncio.get_running_loop().time())
@@ -93,7 +96,11 @@ class ProxyHandler:
         code = 500  # an unexpected exception: aiohttp answers 500
         try:
             try:
-                response = await self._serve(request, record)
+                try:
+                    response = await self._serve(request, record)
+                except web.HTTPRequestEntityTooLarge as e:
+                    # aiohttp's client_max_size, raised while reading the body: a Status too.
+                    raise RequestEntityTooLarge("the request body is too large") from e
             except RequestError as e:
                 if isinstance(e, UpstreamUnreachable):
                     self._metrics.upstream_errors.labels(m.UNREACHABLE).inc()
@@ -104,6 +111,8 @@ class ProxyHandler:
                 # The proxy's own errors are raised, so a 5xx returned is the upstream's, relayed.
                 if response.status >= 500:
                     self._metrics.upstream_errors.labels(m.UPSTREAM_5XX).inc()
+                elif response.status in (401, 403) and self._delegated:
+                    response = _upstream_denial(record, response)
             code = response.status
             return response
         except asyncio.CancelledError:  # the client went away (handler_cancellation)
@@ -157,9 +166,18 @@ class ProxyHandler:
         # the guard refuses; the metrics are the operator's, nothing here reaches the caller.
         if self._routes.table.lookup(path.slice_cluster, path.slice_name) is not None:
             record.slice = f"{path.slice_cluster}/{path.slice_name}"
-        watch_param = request.query.get("watch", "").lower() in ("1", "true")
-        api = classify(path.api_path, method=request.method, watch=watch_param)
+        # Everything the request says is parsed against allow-lists before anyone is asked
+        # anything: its path and verb, its query, the representation it wants.
+        query = list(request.rel_url.query.items())
+        api = classify(path.api_path, method=request.method, watch=options.watch_requested(query))
         record.verb = api.verb
+        checked = options.check(query, verb=api.verb, discovery=api.discovery)
+        accept = request.headers.get("Accept")
+        representation = (
+            negotiation.negotiate_discovery(accept)
+            if api.discovery
+            else negotiation.negotiate(accept, verb=api.verb)
+        )
         upstream = self._upstream
         if self._guard is not None:
             identity = await self._guard.admit(
@@ -193,6 +211,8 @@ class ProxyHandler:
             route=route,
             path=path,
             api=api,
+            options=checked,
+            representation=representation,
             upstream=upstream,
             page_size=self._page_size,
             upstream_base=upstream_base,
@@ -207,6 +227,27 @@ class ProxyHandler:
                 raise Forbidden(f"apibindings are read-only through this endpoint ({api.verb})")
             return await reads.serve_passthrough(ctx)
         return await _BY_VERB[api.verb](ctx)
+
+
+def _upstream_denial(record: RequestRecord, relayed: web.StreamResponse) -> web.Response:
+    """kcp refused vwserver's own identity (its 401/403 names vwserver's account and its
+    permissions): the caller gets a Status about its request instead, and the operator a log
+    line. A 401 here is vwserver's credential, not the caller's: the caller cannot fix it."""
+    log.warning(
+        "upstream refused vwserver's identity with %d for %s on slice %s",
+        relayed.status,
+        record.verb,
+        record.slice,
+    )
+    if relayed.status == 401:
+        return error_response(
+            UpstreamUnavailable(
+                "the slice's upstream did not accept vwserver's credentials", retry_after=5
+            )
+        )
+    return error_response(
+        Forbidden(f"{record.verb} through slice {record.slice} was refused by its upstream")
+    )
 
 
 def error_response(error: RequestError) -> web.Response:

@@ -21,23 +21,33 @@ import asyncio
 import contextlib
 import logging
 
+import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver import metrics as m
 from vwserver.errors import BadGateway, UpstreamUnavailable
+from vwserver.proxy import yamlout
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import LIST_FOOTER, Page, UndecodableError, decode_page, list_header
+from vwserver.proxy.filtering import (
+    LIST_FOOTER,
+    Page,
+    UndecodableError,
+    decode_page,
+    list_fields,
+    list_header,
+    strip_row_object,
+)
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
-from vwserver.proxy.upstream import forwarded_headers
+from vwserver.proxy.yamlout import YAML_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
 
 async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     selector = ctx.effective_selector()
-    headers = forwarded_headers(ctx.request.headers)
-    client_pages = "limit" in ctx.query or "continue" in ctx.query
+    headers = ctx.upstream_headers()
+    client_pages = "limit" in ctx.options or "continue" in ctx.options
     query = ctx.upstream_query(
         extra=() if client_pages else (("limit", str(ctx.page_size)),),
         drop=() if client_pages else ("limit",),
@@ -47,6 +57,14 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
             return await relay_whole(up)
         page = _decode(await read_body(up))
         response = web.StreamResponse(status=200, headers=response_headers(up))
+    writer = _ListWriter(
+        page,
+        continue_token=page.continue_token if client_pages else "",
+        yaml=ctx.representation.yaml,
+        strip_objects=ctx.strip_objects,
+    )
+    if ctx.representation.yaml:
+        response.headers["Content-Type"] = YAML_CONTENT_TYPE
     # The apiserver gzips large responses for clients that accept it; a streamed list's size is
     # unknown up front, so the proxy compresses whenever the client accepts gzip.
     if "gzip" in ctx.request.headers.get("Accept-Encoding", ""):
@@ -57,14 +75,6 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     later = [(k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")]
     following: asyncio.Task[Page] | None = None
     try:
-        await response.write(
-            list_header(
-                page,
-                resource_version=page.resource_version,
-                continue_token=page.continue_token if client_pages else "",
-            )
-        )
-        first = True
         while True:
             if page.continue_token and not client_pages:
                 # Fetch the next page while this one is filtered and written: the upstream's
@@ -72,15 +82,13 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 following = asyncio.ensure_future(
                     _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
                 )
-            visible = page.visible(selector)
-            if visible:
-                chunk = b",".join(visible)
-                await response.write(chunk if first else b"," + chunk)
-                first = False
+            chunk = writer.entries(page.visible(selector))
+            if chunk:
+                await response.write(chunk)
             if following is None:
                 break
             page, following = await following, None
-        await response.write(LIST_FOOTER)
+        await response.write(writer.end())
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
         # Caught here, not in the handler: count it as the upstream error it is.
         kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
@@ -95,6 +103,53 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 await following
     await response.write_eof()
     return response
+
+
+class _ListWriter:
+    """Writes one list response from the first page's envelope and each page's visible entries:
+    JSON with the entries' original bytes, or YAML (keys sorted, entries converted one by
+    one), with Table rows' objects removed for ``includeObject=None``."""
+
+    def __init__(
+        self, first: Page, *, continue_token: str, yaml: bool, strip_objects: bool
+    ) -> None:
+        self._first = True
+        self._yaml = yaml
+        self._strip = strip_objects
+        if not yaml:
+            self._head = list_header(
+                first, resource_version=first.resource_version, continue_token=continue_token
+            )
+            self._tail = LIST_FOOTER
+            return
+        fields = list_fields(
+            first, resource_version=first.resource_version, continue_token=continue_token
+        )
+        key = "rows" if first.is_table else "items"
+        self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
+        self._empty = yamlout.empty_list_parts(fields, entries_key=key)
+
+    def entries(self, visible: list[msgspec.Raw]) -> bytes:
+        if not visible:
+            return b""
+        raws: list[bytes | msgspec.Raw] = (
+            [strip_row_object(r) for r in visible] if self._strip else list(visible)
+        )
+        if self._yaml:
+            body = b"".join(yamlout.entry(r) for r in raws)
+        else:
+            body = b",".join(raws)
+            if not self._first:
+                body = b"," + body
+        if self._first:
+            body = self._head + body
+            self._first = False
+        return body
+
+    def end(self) -> bytes:
+        if self._first:  # no entry at all
+            return self._empty if self._yaml else self._head + self._tail
+        return self._tail
 
 
 async def _fetch(

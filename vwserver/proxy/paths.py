@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vwserver.errors import BadRequest, MethodNotAllowed
+from vwserver.errors import BadRequest, MethodNotAllowed, NotFound
 
 PREFIX = "/services/filtered-apiexport/"
 
@@ -80,10 +80,37 @@ class ApiRequest:
     resource: str = ""
     name: str = ""
     subresource: str = ""
+    legacy_watch: bool = False
+    """Came in on a deprecated ``/watch/`` path: with a name, it watches that one object
+    (``fieldSelector=metadata.name=<name>``, as the apiserver serves it)."""
+    discovery_path: str = ""
+    """For discovery only: the canonical path of the document."""
 
     @property
     def is_apibindings(self) -> bool:
         return self.group == "apis.kcp.io" and self.resource == "apibindings"
+
+    @property
+    def collection_path(self) -> str:
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        ns = f"/namespaces/{self.namespace}" if self.namespace else ""
+        return f"{prefix}{ns}/{self.resource}"
+
+    @property
+    def object_path(self) -> str:
+        """The named object itself, without subresource."""
+        return f"{self.collection_path}/{self.name}"
+
+    @property
+    def path(self) -> str:
+        """The canonical API path the upstream gets: rebuilt from what was classified, never the
+        client's raw path, so the upstream cannot read a request differently from the proxy."""
+        if self.discovery:
+            return self.discovery_path
+        if not self.name or self.verb in (Verb.WATCH, Verb.LIST, Verb.DELETECOLLECTION):
+            return self.collection_path
+        sub = f"/{self.subresource}" if self.subresource else ""
+        return f"{self.object_path}{sub}"
 
 
 def split_slice_path(raw_path: str) -> SlicePath | None:
@@ -139,32 +166,41 @@ def _check_raw(raw_path: str) -> None:
 def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
     """Classify the API path below ``clusters/<cluster>`` for an HTTP method.
 
-    ``watch`` is whether the query asks for a watch (``watch=true|1``).
+    ``watch`` is whether the query asks for a watch (see :func:`vwserver.proxy.options.watch`).
+    The forms understood are exactly the apiserver's: discovery documents, collections, objects
+    and one level of subresource, and the deprecated ``/watch/`` prefix; anything else is a 400.
     """
     parts = [p for p in api_path.split("/") if p]
     method = method.upper()
-    if not parts or parts[0] not in ("api", "apis"):
-        # /openapi/v2, /openapi/v3/..., /version, /  — discovery-like documents only.
-        if parts and parts[0] not in ("openapi", "version"):
-            raise BadRequest(f"unsupported path {api_path!r}")
-        return ApiRequest(discovery=True, verb=_discovery_verb(method))
+    if not parts:
+        raise BadRequest("unsupported path '/': address /api or /apis")
+    if parts[0] not in ("api", "apis"):
+        return _discovery(parts, method=method)
     if parts[0] == "api":
         # Core group: /api, /api/v1, /api/v1/...
         group, rest = "", parts[1:]
     else:
         if len(parts) == 1:
-            return ApiRequest(discovery=True, verb=_discovery_verb(method))
+            return _discovery(parts, method=method)
         group, rest = parts[1], parts[2:]
         if not _NAME_RE.match(group):
             raise BadRequest(f"invalid API group {group!r}")
     if len(rest) <= 1:
         # /api, /api/v1, /apis/<g>, /apis/<g>/<v>
-        return ApiRequest(discovery=True, verb=_discovery_verb(method), group=group)
+        if rest and not _SEGMENT_RE.match(rest[0]):
+            raise BadRequest(f"invalid version {rest[0]!r}")
+        return _discovery(parts, method=method, group=group)
     version, rest = rest[0], rest[1:]
+    legacy_watch = rest[0] == "watch"
+    if legacy_watch:
+        # /apis/<g>/<v>/watch/[namespaces/<ns>/]<resource>[/<name>] (deprecated, still served)
+        rest = rest[1:]
+        if not rest or method not in ("GET", "HEAD"):
+            raise BadRequest(f"unsupported path {api_path!r}")
     namespace = ""
     if rest[0] == "namespaces" and len(rest) >= 3:
         namespace, rest = rest[1], rest[2:]
-    if len(rest) > 3:
+    if len(rest) > (2 if legacy_watch else 3):
         raise BadRequest(f"unsupported path {api_path!r}")
     resource = rest[0]
     name = rest[1] if len(rest) > 1 else ""
@@ -176,10 +212,13 @@ def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
     ):
         if value and not _SEGMENT_RE.match(value):
             raise BadRequest(f"invalid {what} {value!r}")
+    if subresource and subresource != "status":
+        # The APIExport virtual workspace serves the status subresource only (no scale).
+        raise NotFound(f"the server could not find the requested resource ({subresource!r})")
     for what, value in (("namespace", namespace), ("name", name)):
         if value and (not _NAME_RE.match(value) or len(value) > 253):
             raise BadRequest(f"invalid {what} {value!r}")
-    verb = _resource_verb(method, named=bool(name), watch=watch)
+    verb = Verb.WATCH if legacy_watch else _resource_verb(method, named=bool(name), watch=watch)
     return ApiRequest(
         discovery=False,
         verb=verb,
@@ -189,6 +228,32 @@ def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
         resource=resource,
         name=name,
         subresource=subresource,
+        legacy_watch=legacy_watch,
+    )
+
+
+# Discovery documents served below one cluster: /api, /api/<v>, /apis, /apis/<g>, /apis/<g>/<v>,
+# /version, /openapi/v2, /openapi/v3 and /openapi/v3/apis/<g>/<v> (or api/<v>).
+def _discovery(parts: list[str], *, method: str, group: str = "") -> ApiRequest:
+    ok = (
+        parts[0] in ("api", "apis")
+        or parts in (["version"], ["openapi", "v2"], ["openapi", "v3"])
+        or (
+            parts[:2] == ["openapi", "v3"]
+            and (
+                (len(parts) == 4 and parts[2] == "api")
+                or (len(parts) == 5 and parts[2] == "apis" and _NAME_RE.match(parts[3]))
+            )
+            and all(_SEGMENT_RE.match(p) for p in parts[2:])
+        )
+    )
+    if not ok:
+        raise NotFound("the server could not find the requested resource")
+    return ApiRequest(
+        discovery=True,
+        verb=_discovery_verb(method),
+        group=group,
+        discovery_path="/" + "/".join(parts),
     )
 
 
@@ -201,9 +266,10 @@ def _discovery_verb(method: str) -> Verb:
 def _resource_verb(method: str, *, named: bool, watch: bool) -> Verb:
     # The apiserver's RequestInfoFactory mapping (k8s.io/apiserver/pkg/endpoints/request).
     if method in ("GET", "HEAD"):
-        if watch:
-            return Verb.WATCH
-        return Verb.GET if named else Verb.LIST
+        # "watch" is a list option: a GET of a named object ignores it and returns the object.
+        if named:
+            return Verb.GET
+        return Verb.WATCH if watch else Verb.LIST
     if method == "POST" and not named:
         return Verb.CREATE
     if method == "PUT" and named:

@@ -2,8 +2,10 @@
 
 A GET of an object outside the slice answers exactly what a GET of a missing object answers —
 the proxy replaces the upstream's own 404 with the same body it makes for an invisible object,
-so status, headers and bytes cannot tell the two apart (issue #2 §4; the Go peer answered 403
-for one and 404 for the other).
+so status, headers and bytes cannot tell the two apart, in every representation (the object,
+a Table, PartialObjectMetadata, YAML): the representation is negotiated before the upstream is
+asked (:mod:`vwserver.proxy.negotiation`), so the upstream cannot refuse it only for objects
+that exist.
 """
 
 from __future__ import annotations
@@ -12,17 +14,21 @@ from aiohttp import web
 
 from vwserver.errors import BadGateway
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import UndecodableError, decode_head, decode_page
+from vwserver.proxy.filtering import (
+    LIST_FOOTER,
+    UndecodableError,
+    decode_head,
+    decode_page,
+    list_header,
+    strip_row_object,
+)
 from vwserver.proxy.responses import read_body, relay_stream, relay_whole, response_headers
-from vwserver.proxy.upstream import forwarded_headers
+from vwserver.proxy.yamlout import YAML_CONTENT_TYPE, json_to_yaml
 
 
 async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
     async with ctx.upstream.request(
-        "GET",
-        ctx.upstream_url,
-        query=ctx.upstream_query(),
-        headers=forwarded_headers(ctx.request.headers),
+        "GET", ctx.upstream_url, query=ctx.upstream_query(), headers=ctx.upstream_headers()
     ) as up:
         if up.status == 404:
             return ctx.not_found()
@@ -30,22 +36,38 @@ async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
             return await relay_whole(up)
         body = await read_body(up)
         headers = response_headers(up)
-    if not body_visible(body, ctx):
+    try:
+        visible = body_visible(body, ctx)
+        if visible and ctx.strip_objects:
+            body = _strip_table(body)
+    except UndecodableError as e:
+        raise BadGateway(f"upstream sent an undecodable object: {e}") from e
+    if not visible:
         return ctx.not_found()
+    if ctx.representation.yaml:
+        headers["Content-Type"] = YAML_CONTENT_TYPE
+        body = json_to_yaml(body)
     return web.Response(status=200, body=body, headers=headers)
 
 
 def body_visible(body: bytes, ctx: ProxyRequest) -> bool:
-    """Whether a GET response (an object, or a Table of one row for kubectl) may be shown."""
+    """Whether a GET response (an object, PartialObjectMetadata, or a Table of one row) may be
+    shown. A Table counts only if every row embeds an object that matches."""
     selector = ctx.route.selector
-    try:
-        head = decode_head(body)
-        if head.kind == "Table":
-            page = decode_page(body)
-            return bool(page.entries) and len(page.visible(selector)) == len(page.entries)
-        return selector.matches(head.metadata.labels)
-    except UndecodableError as e:
-        raise BadGateway(f"upstream sent an undecodable object: {e}") from e
+    head = decode_head(body)
+    if head.kind == "Table":
+        page = decode_page(body)
+        return bool(page.entries) and len(page.visible(selector)) == len(page.entries)
+    return selector.matches(head.metadata.labels)
+
+
+def _strip_table(body: bytes) -> bytes:
+    page = decode_page(body)
+    return (
+        list_header(page, resource_version=page.resource_version, continue_token="")
+        + b",".join(strip_row_object(row) for row in page.entries)
+        + LIST_FOOTER
+    )
 
 
 async def serve_passthrough(ctx: ProxyRequest) -> web.StreamResponse:
@@ -53,8 +75,8 @@ async def serve_passthrough(ctx: ProxyRequest) -> web.StreamResponse:
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
-        query=list(ctx.query.items()),
-        headers=forwarded_headers(ctx.request.headers),
+        query=ctx.options.items if ctx.api.discovery else ctx.upstream_query(push_selector=False),
+        headers=ctx.upstream_headers(),
         read_timeout=None,
     ) as up:
         return await relay_stream(ctx.request, up)

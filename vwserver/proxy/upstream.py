@@ -24,10 +24,9 @@ from yarl import URL
 from vwserver.errors import UpstreamUnreachable
 from vwserver.k8s.kubeconfig import ClientAuth
 
-PROTOBUF = "application/vnd.kubernetes.protobuf"
-
-# Client request headers worth forwarding; everything else is dropped.
-_FORWARDED_REQUEST_HEADERS = ("Accept", "Content-Type", "User-Agent")
+# Client request headers worth forwarding; everything else is dropped. Accept and Content-Type
+# are set by the proxy from what it parsed (vwserver.proxy.negotiation), never copied.
+_FORWARDED_REQUEST_HEADERS = ("User-Agent",)
 # Upstream response headers a client may see; everything else (Set-Cookie, hop-by-hop,
 # Content-Length of a body we may change, priority-and-fairness internals) is dropped.
 FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Warning", "Audit-Id", "Cache-Control")
@@ -35,29 +34,17 @@ FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Warning", "Audit-Id", "Cache-Cont
 RETRY_AFTER_SECONDS = 1
 
 
-def json_accept(accept: str | None) -> str:
-    """The client's Accept header with protobuf replaced by JSON (CRDs are JSON-only anyway,
-    and the proxy must read what it forwards)."""
-    if not accept:
-        return "application/json"
-    out: list[str] = []
-    for entry in accept.split(","):
-        entry = entry.strip()
-        if entry.startswith(PROTOBUF):
-            entry = "application/json" + entry[len(PROTOBUF) :]
-            entry = entry.replace(";stream=watch", "")
-        if entry and entry not in out:
-            out.append(entry)
-    return ",".join(out) or "application/json"
-
-
-def forwarded_headers(client: Mapping[str, str]) -> CIMultiDict[str]:
+def forwarded_headers(
+    client: Mapping[str, str], *, accept: str, content_type: str | None = None
+) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name in _FORWARDED_REQUEST_HEADERS:
         value = client.get(name)
         if value is not None:
             headers[name] = value
-    headers["Accept"] = json_accept(client.get("Accept"))
+    headers["Accept"] = accept
+    if content_type is not None:
+        headers["Content-Type"] = content_type
     return headers
 
 

@@ -32,7 +32,6 @@ from vwserver.errors import BadGateway
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, filter_event
 from vwserver.proxy.responses import relay_whole, response_headers
-from vwserver.proxy.upstream import forwarded_headers
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
@@ -44,11 +43,12 @@ MAX_EVENT_BYTES = 4 * 2**20
 
 async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
     selector = ctx.effective_selector()
+    strip = ctx.strip_objects
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
         query=ctx.upstream_query(),
-        headers=forwarded_headers(ctx.request.headers),
+        headers=ctx.upstream_headers(),
         read_timeout=None,  # watches are long-lived; timeoutSeconds is the upstream's business
     ) as up:
         if up.status != 200:
@@ -72,7 +72,7 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
                 async for chunk in up.content.iter_any():
                     buffer += chunk
-                    framed = frame_events(buffer, selector=selector)
+                    framed = frame_events(buffer, selector=selector, strip_objects=strip)
                     if framed.consumed:
                         del buffer[: framed.consumed]
                         if framed.forwarded:
@@ -121,7 +121,7 @@ class Framed(NamedTuple):
     """Events replaced by a synthetic DELETED."""
 
 
-def frame_events(buffer: bytearray, *, selector: Selector) -> Framed:
+def frame_events(buffer: bytearray, *, selector: Selector, strip_objects: bool = False) -> Framed:
     """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
     events were forwarded, dropped and synthesized.
 
@@ -136,7 +136,7 @@ def frame_events(buffer: bytearray, *, selector: Selector) -> Framed:
         while (end := buffer.find(b"\n", start)) != -1:
             if end - start > 1:  # not an empty keep-alive line
                 events += 1
-                verdict = filter_event(view[start : end + 1], selector)
+                verdict = filter_event(view[start : end + 1], selector, strip_objects=strip_objects)
                 if not verdict.forward:
                     if run < start:
                         out.append(bytes(view[run:start]))

@@ -1,16 +1,31 @@
 """Guarded writes: nothing a client writes through a slice may touch or create an object outside
-it, and no write may move an object out of it (issue #2 §5).
+it, and no write may move an object out of it.
 
 Check-then-write is made race-free with optimistic concurrency instead of locks: the proxy reads
 the stored object, checks it against the slice, and sends the write with a precondition on what it
 checked — the stored ``resourceVersion`` for updates and patches, ``preconditions.uid`` and
 ``preconditions.resourceVersion`` for deletes. If the object changed in between, the upstream
-answers 409 and the proxy checks again (a few times) rather than writing blind. Where the client
-already sent its own precondition, the proxy leaves it alone and the client's 409 reaches it.
+answers 409 and the proxy checks again (a few times) rather than writing blind.
 
-A patch's result cannot be computed locally for every patch type (strategic merge and server-side
-apply need the schema), so patches are first sent with ``dryRun=All``: if the result would be
-outside the slice the client gets 422 and nothing was written.
+The precondition is the proxy's, whatever the client sends: a client cannot switch it off.
+
+* A client's own precondition (``metadata.resourceVersion`` in an update or a merge/apply patch,
+  ``preconditions`` in DeleteOptions, a JSON patch ``test`` op) is *combined* with the proxy's:
+  if it disagrees with the object the proxy checked, the client gets the apiserver's 409
+  Conflict; if it agrees, the one precondition serves both.
+* A JSON patch always starts with the proxy's ``test`` of ``/metadata/resourceVersion``, and any
+  other operation that writes ``/metadata/resourceVersion``, ``/metadata`` or the whole document
+  (``copy``/``move``/``replace``/``add``/``remove``) is refused with 422: it could change the
+  version the precondition is checked against between the dry run and the write.
+* DELETECOLLECTION is carried out by the proxy as a filtered list followed by one conditional
+  DELETE per visible object; the apiserver's own collection delete has no per-object
+  precondition, so an object relabelled out of the slice between its list and its delete would
+  be deleted.
+
+A patch's result cannot be computed locally for every patch type (server-side apply needs the
+schema), so patches are first sent with ``dryRun=All`` under the same precondition: if the result
+would be outside the slice the client gets 422 and nothing was written; the real patch then
+applies to exactly the object the dry run saw, or fails with 409.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
@@ -23,32 +38,44 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed
+from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
 from vwserver.k8s.types import ObjectHead
+from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import (
-    LIST_FOOTER,
-    UndecodableError,
-    decode_head,
-    decode_page,
-    list_header,
-)
+from vwserver.proxy.filtering import UndecodableError, decode_head, decode_page
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
-from vwserver.proxy.upstream import forwarded_headers
 from vwserver.selector import Requirement, Selector
 
 # How often a check-then-write is retried when the object changed in between.
 _ATTEMPTS = 3
 
+JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 _APPLY_CBOR = "application/apply-patch+cbor"
+
+# JSON pointers a client's JSON patch may only `test`: writing them could move the version the
+# proxy's precondition is checked against (RFC 6901: "" is the whole document).
+_PROXY_OWNED_POINTERS = frozenset({"", "/metadata", "/metadata/resourceVersion"})
+_JSON_PATCH_OPS = frozenset({"add", "remove", "replace", "move", "copy", "test"})
+# DeleteOptions fields a client may send (metav1.DeleteOptions, without the unsafe
+# ignoreStoreReadErrorWithClusterBreakingPotential).
+_DELETE_OPTIONS = frozenset(
+    {
+        "kind",
+        "apiVersion",
+        "gracePeriodSeconds",
+        "preconditions",
+        "orphanDependents",
+        "propagationPolicy",
+        "dryRun",
+    }
+)
 
 _encoder = msgspec.json.Encoder()
 
@@ -56,7 +83,14 @@ _encoder = msgspec.json.Encoder()
 async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
     body = await _json_object(ctx)
     _label_for_create(body, ctx.route.selector)
-    return await _send(ctx, "POST", ctx.upstream_url, body=body, query=list(ctx.query.items()))
+    async with ctx.upstream.request(
+        "POST",
+        ctx.upstream_url,
+        query=ctx.options.items,
+        headers=ctx.upstream_headers(content_type=JSON),
+        data=_encoder.encode(body),
+    ) as up:
+        return await relay_whole(up)
 
 
 async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
@@ -64,14 +98,17 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
     if not ctx.api.subresource:
         # A status update ignores metadata changes, so only main-resource updates can relabel.
         _check_stays(_labels(body), ctx)
-    return await _write_checked(ctx, "PUT", lambda stored: _with_resource_version(body, stored))
+    return await _write_checked(
+        ctx, "PUT", lambda stored: _encoder.encode(_with_resource_version(body, stored, ctx))
+    )
 
 
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
     content_type = ctx.request.content_type
     patch = await _parse_patch(ctx, content_type)
-    client_dry_run = "dryRun" in ctx.query
-    query = list(ctx.query.items())
+    client_dry_run = ctx.options.get("dryRun") == "All"
+    query = ctx.options.items
+    headers = ctx.upstream_headers(content_type=content_type)
     for _ in range(_ATTEMPTS):
         stored = await _stored(ctx)
         if isinstance(stored, web.StreamResponse):
@@ -81,120 +118,216 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
                 return ctx.not_found()
             # Server-side apply of a new object is a create: label it like one.
             assert isinstance(patch, dict)
-            _label_for_create(patch, ctx.route.selector)
-            send: dict[str, Any] | list[Any] = patch
-            injected = False
+            send: dict[str, Any] | list[Any] = copy.deepcopy(patch)
+            assert isinstance(send, dict)
+            _label_for_create(send, ctx.route.selector)
         else:
-            send, injected = _patch_precondition(patch, stored, content_type)
+            send = _patch_precondition(patch, stored, content_type, ctx)
         data = _encoder.encode(send)
         # First the dry run, whose result must stay in the slice; then (unless the client
         # itself asked for a dry run) the real patch under the same precondition.
+        lost = False
         for dry_run in (True,) if client_dry_run else (True, False):
             run_query = [*query, ("dryRun", "All")] if dry_run and not client_dry_run else query
             async with ctx.upstream.request(
-                "PATCH",
-                ctx.upstream_url,
-                query=run_query,
-                headers=_headers(ctx, content_type),
-                data=data,
+                "PATCH", ctx.upstream_url, query=run_query, headers=headers, data=data
             ) as up:
                 status = up.status
                 body = await read_body(up)
-                headers = response_headers(up)
-            if injected and await _lost_race(ctx, status, content_type, stored):
+                response_head = response_headers(up)
+            if await _lost_race(ctx, status, content_type, stored):
+                lost = True
                 break  # the object changed since it was checked: check again
-            if status not in (200, 201):
-                return web.Response(status=status, body=body, headers=headers)
-            if dry_run:
-                _check_result(body, ctx)
-            if dry_run and not client_dry_run:
-                continue
-            return web.Response(status=status, body=body, headers=headers)
-        else:  # pragma: no cover - every path through the inner loop returns or breaks
+            if status not in (200, 201) or not dry_run:
+                return web.Response(status=status, body=body, headers=response_head)
+            _check_result(body, ctx)
+            if client_dry_run:
+                return web.Response(status=status, body=body, headers=response_head)
+        if not lost:  # pragma: no cover - every path through the inner loop returns or breaks
             raise AssertionError("unreachable")
-    raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
+    raise _kept_changing(ctx)
 
 
 async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
     if ctx.api.subresource:
         raise MethodNotAllowed(f"DELETE is not supported on subresource {ctx.api.subresource!r}")
-    raw = await ctx.request.read()
-    options = _decode_json(raw) if raw.strip() else {}
-    if not isinstance(options, dict):
-        raise BadRequest("DeleteOptions must be a JSON object")
-    return await _write_checked(ctx, "DELETE", lambda stored: _with_preconditions(options, stored))
+    options = await _delete_options(ctx)
+    return await _write_checked(
+        ctx, "DELETE", lambda stored: _encoder.encode(_with_preconditions(options, stored, ctx))
+    )
 
 
 async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
-    """The combined selector is pushed down; the returned list is filtered like any list."""
-    raw = await ctx.request.read()
+    """A filtered list, then one DELETE per visible object, each conditional on the uid and
+    resourceVersion it was listed with; the answer is the list of what was deleted, like the
+    apiserver's."""
+    options = await _delete_options(ctx)
+    if "preconditions" in options:
+        raise BadRequest("preconditions are not supported for deletecollection")
+    selector = ctx.effective_selector()
+    list_query = [
+        *ctx.upstream_query(
+            drop=("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents", "limit")
+        ),
+        ("limit", str(ctx.page_size)),
+    ]
+    delete_query = [
+        (k, v)
+        for k, v in ctx.options.items
+        if k in ("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents")
+    ]
+    headers = ctx.upstream_headers()
+    deleted: list[bytes] = []
+    kind = api_version = ""
+    continue_token = ""
+    while True:
+        query = [*list_query, ("continue", continue_token)] if continue_token else list_query
+        async with ctx.upstream.request(
+            "GET", ctx.collection_url, query=query, headers=headers
+        ) as up:
+            if up.status != 200:
+                return await relay_whole(up)
+            body = await read_body(up)
+        try:
+            page = decode_page(body)
+        except UndecodableError as e:
+            raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
+        kind, api_version = page.kind, page.api_version
+        for raw in page.visible(selector):
+            answer = await _delete_one(ctx, raw, options=options, query=delete_query)
+            if isinstance(answer, web.Response):
+                return answer
+            if answer is not None:
+                deleted.append(answer)
+        continue_token = page.continue_token
+        if not continue_token:
+            break
+    out = (
+        b'{"kind":'
+        + _encoder.encode(kind)
+        + b',"apiVersion":'
+        + _encoder.encode(api_version)
+        + b',"metadata":{},"items":['
+        + b",".join(deleted)
+        + b"]}\n"
+    )
+    return web.Response(status=200, body=out, content_type="application/json")
+
+
+async def _delete_one(
+    ctx: ProxyRequest,
+    listed: msgspec.Raw,
+    *,
+    options: dict[str, Any],
+    query: list[tuple[str, str]],
+) -> bytes | web.Response | None:
+    """Delete one listed object conditionally: the object (as deleted, or being deleted), None
+    when it changed or vanished since it was listed (then it is no longer the object the
+    client's selector chose), or an upstream error to relay."""
+    meta = decode_head(listed).metadata
+    send = dict(options)
+    send["preconditions"] = {"uid": meta.uid, "resourceVersion": meta.resourceVersion}
     async with ctx.upstream.request(
         "DELETE",
-        ctx.upstream_url,
-        query=ctx.upstream_query(),
-        headers=_json_headers(ctx),
-        data=raw or None,
+        ctx.item_url(namespace=meta.namespace, name=meta.name),
+        query=query,
+        headers=ctx.upstream_headers(content_type=JSON),
+        data=_encoder.encode(send),
     ) as up:
-        if up.status != 200:
+        if up.status in (404, 409):
+            return None
+        if up.status not in (200, 202):
             return await relay_whole(up)
         body = await read_body(up)
-        headers = response_headers(up)
-    try:
-        if not decode_head(body).kind.endswith("List"):
-            return web.Response(status=200, body=body, headers=headers)
-        page = decode_page(body)
-    except UndecodableError:
-        return web.Response(status=200, body=body, headers=headers)
-    selector = ctx.route.selector
-    out = (
-        list_header(page, resource_version=page.resource_version, continue_token="")
-        + b",".join(page.visible(selector))
-        + LIST_FOOTER
-    )
-    return web.Response(status=200, body=out, headers=headers)
+    # A DELETE answers with the object, or with a Success Status once it is gone: the list
+    # holds the object either way, like the apiserver's.
+    return bytes(listed) if decode_head(body).kind == "Status" else body
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 
 async def _write_checked(
-    ctx: ProxyRequest,
-    method: str,
-    prepare: Callable[[ObjectHead], tuple[dict[str, Any], bool]],
+    ctx: ProxyRequest, method: str, prepare: Callable[[ObjectHead], bytes]
 ) -> web.StreamResponse:
     """Check that the stored object is in the slice, then send the write made conditional on
-    what was checked (``prepare`` says whether it added that precondition); if the object
-    changed in between, check again."""
+    what was checked; if the object changed in between, check again."""
     for _ in range(_ATTEMPTS):
         stored = await _stored(ctx)
         if not isinstance(stored, ObjectHead):
             return stored or ctx.not_found()
-        send, injected = prepare(stored)
+        data = prepare(stored)
         async with ctx.upstream.request(
             method,
             ctx.upstream_url,
-            query=list(ctx.query.items()),
-            headers=_json_headers(ctx),
-            data=_encoder.encode(send),
+            query=ctx.options.items,
+            headers=ctx.upstream_headers(content_type=JSON),
+            data=data,
         ) as up:
             response = await relay_whole(up)
-        if injected and await _lost_race(ctx, response.status, "", stored):
+        if await _lost_race(ctx, response.status, "", stored):
             continue
         return response
-    raise Conflict(f'{ctx.api.resource} "{ctx.api.name}" kept changing; try again')
+    raise _kept_changing(ctx)
 
 
-def _with_preconditions(options: dict[str, Any], stored: ObjectHead) -> tuple[dict[str, Any], bool]:
-    """DeleteOptions conditional on the checked uid and resourceVersion, unless the client set
-    its own preconditions."""
-    if "preconditions" in options:
-        return options, False
+def _kept_changing(ctx: ProxyRequest) -> Conflict:
+    return Conflict(
+        f'Operation cannot be fulfilled on {_qualified(ctx)} "{ctx.api.name}": the object has '
+        "been modified; please apply your changes to the latest version and try again",
+        details=_details(ctx),
+    )
+
+
+def _qualified(ctx: ProxyRequest) -> str:
+    return f"{ctx.api.resource}.{ctx.api.group}" if ctx.api.group else ctx.api.resource
+
+
+def _details(ctx: ProxyRequest) -> dict[str, object]:
+    return {"name": ctx.api.name, "group": ctx.api.group, "kind": ctx.api.resource}
+
+
+def _with_preconditions(
+    options: dict[str, Any], stored: ObjectHead, ctx: ProxyRequest
+) -> dict[str, Any]:
+    """DeleteOptions conditional on the checked uid and resourceVersion. The client's own
+    preconditions (e.g. client-go's uid-only ones) must hold for that object, or it gets the
+    apiserver's 409; the proxy's then imply them."""
+    given = options.get("preconditions") or {}
+    for what, key, value in (
+        ("UID", "uid", stored.metadata.uid),
+        ("ResourceVersion", "resourceVersion", stored.metadata.resourceVersion),
+    ):
+        if given.get(key) and given[key] != value:
+            raise Conflict(
+                f"Precondition failed: {what} in precondition: {given[key]}, "
+                f"{what} in object meta: {value}",
+                details=_details(ctx),
+            )
     send = dict(options)
     send["preconditions"] = {
         "uid": stored.metadata.uid,
         "resourceVersion": stored.metadata.resourceVersion,
     }
-    return send, True
+    return send
+
+
+async def _delete_options(ctx: ProxyRequest) -> dict[str, Any]:
+    raw = await ctx.request.read()
+    options = decode_json(raw) if raw.strip() else {}
+    if not isinstance(options, dict):
+        raise BadRequest("DeleteOptions must be a JSON object")
+    unknown = sorted(set(options) - _DELETE_OPTIONS)
+    if unknown:
+        raise BadRequest(f"DeleteOptions: unsupported field(s) {', '.join(unknown)}")
+    pre = options.get("preconditions")
+    if pre is not None and (
+        not isinstance(pre, dict)
+        or set(pre) - {"uid", "resourceVersion"}
+        or not all(v is None or isinstance(v, str) for v in pre.values())
+    ):
+        raise BadRequest("DeleteOptions.preconditions: only string uid and resourceVersion")
+    return options
 
 
 async def _lost_race(
@@ -223,7 +356,7 @@ async def _stored(ctx: ProxyRequest) -> ObjectHead | web.StreamResponse | None:
     missing object is a create.
     """
     async with ctx.upstream.request(
-        "GET", ctx.object_url, headers=CIMultiDict({"Accept": "application/json"})
+        "GET", ctx.object_url, headers=CIMultiDict({"Accept": JSON})
     ) as up:
         if up.status == 404:
             return None
@@ -283,9 +416,7 @@ def _label_for_create(body: dict[str, Any], selector: Selector) -> None:
 def _invalid(ctx: ProxyRequest, violations: list[Requirement], *, message: str) -> Invalid:
     # kubectl prints the causes rather than the message when there are any: say it there too.
     details: dict[str, object] = {
-        "name": ctx.api.name,
-        "group": ctx.api.group,
-        "kind": ctx.api.resource,
+        **_details(ctx),
         "causes": [
             _cause(
                 r.key,
@@ -308,50 +439,73 @@ def _labels(body: dict[str, Any]) -> dict[str, str] | None:
     return labels if isinstance(labels, dict) else None
 
 
-def _with_resource_version(body: dict[str, Any], stored: ObjectHead) -> tuple[dict[str, Any], bool]:
+def _with_resource_version(
+    body: dict[str, Any], stored: ObjectHead, ctx: ProxyRequest
+) -> dict[str, Any]:
+    """The object conditional on the checked resourceVersion; a client's own resourceVersion
+    that differs is the client's 409."""
     meta = body.get("metadata")
-    if isinstance(meta, dict) and meta.get("resourceVersion"):
-        return body, False
+    if meta is not None and not isinstance(meta, dict):
+        raise BadRequest("metadata must be an object")
+    rv = stored.metadata.resourceVersion
+    given = (meta or {}).get("resourceVersion")
+    if given and given != rv:
+        raise _kept_changing(ctx)  # the apiserver's answer to a stale resourceVersion
     send = copy.copy(body)
-    send["metadata"] = {**(meta or {}), "resourceVersion": stored.metadata.resourceVersion}
-    return send, True
+    send["metadata"] = {**(meta or {}), "resourceVersion": rv}
+    return send
 
 
 def _patch_precondition(
-    patch: dict[str, Any] | list[Any], stored: ObjectHead, content_type: str
-) -> tuple[dict[str, Any] | list[Any], bool]:
+    patch: dict[str, Any] | list[Any], stored: ObjectHead, content_type: str, ctx: ProxyRequest
+) -> dict[str, Any] | list[Any]:
     """The patch made conditional on the resourceVersion the proxy checked."""
     rv = stored.metadata.resourceVersion
     if isinstance(patch, list):  # JSON patch: a leading test op is the precondition
-        if any(
-            op.get("path") == "/metadata/resourceVersion" for op in patch if isinstance(op, dict)
-        ):
-            return patch, False
-        return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *patch], True
-    meta = patch.get("metadata")
-    if isinstance(meta, dict) and meta.get("resourceVersion"):
-        return patch, False
-    # merge, strategic merge and apply patches carrying metadata.resourceVersion are
-    # preconditions: the apiserver answers 409 Conflict when it differs.
-    send = dict(patch)
-    send["metadata"] = {**(meta if isinstance(meta, dict) else {}), "resourceVersion": rv}
-    return send, True
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *patch]
+    # merge and apply patches carrying metadata.resourceVersion are preconditions: the
+    # apiserver answers 409 Conflict when it differs.
+    return _with_resource_version(patch, stored, ctx)
+
+
+def _check_json_patch(ops: list[Any]) -> None:
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict) or op.get("op") not in _JSON_PATCH_OPS:
+            raise BadRequest(f"JSON patch operation {i}: not an RFC 6902 operation")
+        pointers = [op.get("path")]
+        if op["op"] == "move":
+            pointers.append(op.get("from"))  # a move removes its source
+        for pointer in pointers:
+            if not isinstance(pointer, str):
+                raise BadRequest(f"JSON patch operation {i}: path must be a string")
+            if op["op"] != "test" and pointer in _PROXY_OWNED_POINTERS:
+                raise Invalid(
+                    f"JSON patch operation {i} ({op['op']} {pointer!r}): metadata.resourceVersion "
+                    "is the precondition of every write through a slice; it may only be tested",
+                    details={
+                        "causes": [
+                            {
+                                "reason": "FieldValueForbidden",
+                                "message": "may only be used in a test operation",
+                                "field": "metadata.resourceVersion",
+                            }
+                        ]
+                    },
+                )
 
 
 async def _parse_patch(ctx: ProxyRequest, content_type: str) -> dict[str, Any] | list[Any]:
     raw = await ctx.request.read()
     if content_type == JSON_PATCH:
-        patch = _decode_json(raw)
+        patch = decode_json(raw)
         if not isinstance(patch, list):
             raise BadRequest("a JSON patch must be a JSON array of operations")
+        _check_json_patch(patch)
         return patch
     if content_type in (MERGE_PATCH, STRATEGIC_PATCH):
-        patch = _decode_json(raw)
+        patch = decode_json(raw)
     elif content_type == APPLY_PATCH:
-        try:
-            patch = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise BadRequest(f"apply patch is not valid YAML: {e}") from e
+        patch = decode_yaml(raw)
     elif content_type == _APPLY_CBOR:
         raise BadRequest(f"{content_type} is not supported by this endpoint; use {APPLY_PATCH}")
     else:
@@ -362,37 +516,11 @@ async def _parse_patch(ctx: ProxyRequest, content_type: str) -> dict[str, Any] |
 
 
 async def _json_object(ctx: ProxyRequest) -> dict[str, Any]:
-    if ctx.request.content_type not in ("application/json", ""):
+    if ctx.request.content_type not in (JSON, ""):
         raise BadRequest(
             f"content type {ctx.request.content_type!r} is not supported; send application/json"
         )
-    body = _decode_json(await ctx.request.read())
+    body = decode_json(await ctx.request.read())
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
-
-
-def _decode_json(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from e
-
-
-def _json_headers(ctx: ProxyRequest) -> CIMultiDict[str]:
-    return _headers(ctx, "application/json")
-
-
-def _headers(ctx: ProxyRequest, content_type: str) -> CIMultiDict[str]:
-    headers = forwarded_headers(ctx.request.headers)
-    headers["Content-Type"] = content_type
-    return headers
-
-
-async def _send(
-    ctx: ProxyRequest, method: str, url: str, *, body: dict[str, Any], query: list[tuple[str, str]]
-) -> web.StreamResponse:
-    async with ctx.upstream.request(
-        method, url, query=query, headers=_json_headers(ctx), data=_encoder.encode(body)
-    ) as up:
-        return await relay_whole(up)
