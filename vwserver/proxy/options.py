@@ -102,6 +102,12 @@ _DELETE: dict[str, Callable[[str, str], None]] = {
     "orphanDependents": _bool,
 }
 
+# OpenAPI v3 documents are fetched as /openapi/v3/apis/<g>/<v>?hash=<etag> (immutable caching).
+_DISCOVERY: dict[str, Callable[[str, str], None]] = {
+    **_COMMON,
+    "hash": _pattern(r"[A-Fa-f0-9]{1,256}", "not a document hash"),
+}
+
 _ALLOWED: dict[Verb, dict[str, Callable[[str, str], None]]] = {
     # A GET of one object ignores "watch" (a list option), as the apiserver does: it is checked,
     # then dropped.
@@ -153,7 +159,7 @@ def watch_requested(query: Iterable[tuple[str, str]]) -> bool:
 def check(query: Iterable[tuple[str, str]], *, verb: Verb, discovery: bool = False) -> Options:
     """The query checked for ``verb``: 400 naming the first parameter that is unknown for the
     verb, repeated, or not of its type."""
-    allowed: Mapping[str, Callable[[str, str], None]] = _COMMON if discovery else _ALLOWED[verb]
+    allowed: Mapping[str, Callable[[str, str], None]] = _DISCOVERY if discovery else _ALLOWED[verb]
     seen: set[str] = set()
     items: list[tuple[str, str]] = []
     for name, value in query:
