@@ -301,12 +301,13 @@ def _synthetic_table_deleted(line: bytes | memoryview) -> bytes:
 def _without_row_objects(line: bytes | memoryview) -> bytes:
     event = msgspec.json.decode(line)
     for row in event.get("object", {}).get("rows") or []:
-        row.pop("object", None)
+        row["object"] = None
     return _encoder.encode(event) + b"\n"
 
 
 def strip_row_object(row: bytes | msgspec.Raw) -> bytes:
-    """One Table row without its embedded object (``includeObject=None``)."""
+    """One Table row without its embedded object (``includeObject=None``: the apiserver writes
+    ``"object": null``, as metav1.TableRow has no omitempty there)."""
     decoded = msgspec.json.decode(row)
-    decoded.pop("object", None)
+    decoded["object"] = None
     return _encoder.encode(decoded)
