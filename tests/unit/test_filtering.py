@@ -183,3 +183,37 @@ def test_frame_events_counts_each_outcome_and_skips_keepalives() -> None:
     assert framed.consumed == len(b"".join(lines))
     # the keep-alive line is passed on with the run of bytes it is in, uncounted
     assert framed.out.startswith(b"\n" + bookmark + lines[3])
+
+
+def table_event(kind: str, obj: dict[str, object] | None) -> bytes:
+    row: dict[str, object] = {"cells": ["a", "1s"]}
+    if obj is not None:
+        row["object"] = obj
+    table = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "rows": [row]}
+    return event(kind, table)
+
+
+def test_table_events_are_matched_on_the_row_object() -> None:
+    # A selector that matches unlabelled bodies must not let a Table through on its own
+    # (empty) labels: the row's object is what counts.
+    not_dev = Selector.parse("env notin (dev)")
+    assert filter_event(table_event("ADDED", widget("a", "prod")), not_dev).forward
+    assert not filter_event(table_event("ADDED", widget("a", "dev")), not_dev).forward
+    assert not filter_event(table_event("ADDED", None), not_dev).forward  # no object: never
+
+
+def test_a_table_event_that_leaves_becomes_a_table_deleted_naming_only_the_object() -> None:
+    verdict = filter_event(table_event("MODIFIED", widget("a", "dev")), PROD)
+    assert verdict.replacement is not None
+    out = json.loads(verdict.replacement)
+    assert out["type"] == "DELETED" and out["object"]["kind"] == "Table"
+    (row,) = out["object"]["rows"]
+    assert row["cells"] == ["a"]
+    assert "spec" not in row["object"] and "labels" not in row["object"]["metadata"]
+    assert b"hunter2" not in verdict.replacement and b"do not leak" not in verdict.replacement
+
+
+def test_strip_objects_keeps_rows_without_objects() -> None:
+    verdict = filter_event(table_event("ADDED", widget("a", "prod")), PROD, strip_objects=True)
+    assert verdict.replacement is not None
+    assert json.loads(verdict.replacement)["object"]["rows"][0]["object"] is None
