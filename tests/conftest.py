@@ -1,7 +1,9 @@
-"""Session fixtures for the e2e tests: one real kcp and one bootstrapped demo world per session.
+"""Session fixtures for the tests against real kcp: one kcp and one bootstrapped demo world per
+session, shared by ``tests/e2e``, ``tests/conformance`` and every other test that asks for the
+``kcp`` fixture (e.g. in ``tests/security``).
 
 Session scope because kcp needs ~25 s to become ready and the bootstrap ~12 s; tests that change
-shared objects put them back (or use their own). Every test here is marked ``e2e`` and runs on
+shared objects put them back (or use their own). Every such test is marked ``e2e`` and runs on
 the session's event loop (the fixtures' objects are bound to it).
 
 Where kcp comes from, first match wins:
@@ -39,11 +41,14 @@ from vwserver.devenv.bootstrap import DEMO_DIR, DEMO_USERS_FILE, Bootstrap, boot
 from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, free_ports, start_kcp
 
 _HERE = Path(__file__).parent
+_KCP_DIRS = (_HERE / "e2e", _HERE / "conformance")
 _BINARY_KEY = pytest.StashKey[Path | str]()  # the binary, or why there is none
 
 
 def _in_e2e(item: pytest.Item) -> bool:
-    return _HERE in Path(item.path).parents
+    """Tests in the kcp directories, and any test that uses the session's kcp."""
+    parents = Path(item.path).parents
+    return any(d in parents for d in _KCP_DIRS) or "kcp" in getattr(item, "fixturenames", ())
 
 
 def _unavailable(reason: str) -> NoReturn:

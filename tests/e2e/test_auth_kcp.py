@@ -6,7 +6,8 @@ Setup (once per module, on the session's kcp and demo world), everything in ``ro
   (``manifests/rbac/vwserver-reviewer.yaml`` and ``vwserver-export-content.yaml``, subjects
   pointed at it) — so these tests also prove that RBAC is sufficient;
 * the static user alice (``config/demo/users.csv``) is granted slice A with
-  ``manifests/rbac/example-slice-user.yaml`` (slice name swapped in); bob gets nothing;
+  ``manifests/rbac/example-slice-user.yaml`` (slice name swapped in); bob gets nothing; neither
+  has ``apiexports/content``, so kcp's APIExport virtual workspace refuses both;
 * an in-process vwserver serves slice A (env=prod) and slice B (env=dev) over TLS (trustme) with
   client-certificate authentication and the Guard, and reloads its certificate files.
 
@@ -39,6 +40,7 @@ from vwserver.auth.tls import ServingTLS
 from vwserver.auth.tokens import TokenReviewer
 from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll
 from vwserver.devenv.kcp import KcpInstance, KubectlResult
+from vwserver.devenv.slices import rbac_docs, slice_grant
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
@@ -47,8 +49,6 @@ from vwserver.selector import Selector
 from vwserver.server import build_app
 from vwserver.testing.serve import serve_app
 
-REPO = Path(__file__).resolve().parents[2]
-RBAC = REPO / "manifests" / "rbac"
 SA = "vwserver-e2e"
 SLICE_A, SLICE_B = "auth-a", "auth-b"  # env=prod, env=dev
 TIMEOUT = 20.0
@@ -111,26 +111,10 @@ def token(world: Bootstrap, user: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {world.tokens[user]}"}
 
 
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
 def _with_subject(docs: list[dict[str, Any]], subject: dict[str, str]) -> str:
     for doc in docs:
         if doc["kind"] == "ClusterRoleBinding":
             doc["subjects"] = [subject]
-    return yaml.safe_dump_all(docs)
-
-
-def slice_grant(slice_name: str, user: str) -> str:
-    """manifests/rbac/example-slice-user.yaml for another slice and user."""
-    docs = _docs(RBAC / "example-slice-user.yaml")
-    role, binding = docs
-    role["metadata"]["name"] = f"slice-{slice_name}-content"
-    role["rules"][0]["resourceNames"] = [slice_name]
-    binding["metadata"]["name"] = f"slice-{slice_name}-content-{user}"
-    binding["roleRef"]["name"] = role["metadata"]["name"]
-    binding["subjects"] = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
     return yaml.safe_dump_all(docs)
 
 
@@ -205,9 +189,9 @@ async def secured(
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": "default"}}
     ))  # fmt: skip
     subject = {"kind": "ServiceAccount", "name": SA, "namespace": "default"}
-    content = _docs(RBAC / "vwserver-export-content.yaml")
+    content = rbac_docs("vwserver-export-content.yaml")
     content[0]["rules"][0]["resourceNames"] = [world.export_name]
-    for doc in (_with_subject(_docs(RBAC / "vwserver-reviewer.yaml"), subject),
+    for doc in (_with_subject(rbac_docs("vwserver-reviewer.yaml"), subject),
                 _with_subject(content, subject)):  # fmt: skip
         await apply_retrying(kcp, provider, doc, within=TIMEOUT)
     await apply_retrying(kcp, provider, slice_grant(SLICE_A, "alice"), within=TIMEOUT)
@@ -522,14 +506,51 @@ async def test_certificate_rotation_keeps_an_open_watch(secured: Secured) -> Non
     secured.serving_ca, secured.next_ca = rotated, current  # later tests trust the new one
 
 
+async def test_alice_reads_through_her_slice_but_not_directly_from_kcp(secured: Secured) -> None:
+    """The safe setup (manifests/rbac/example-slice-user.yaml, the demo): a slice user gets
+    filteredapiexportendpointslices/content only, so kcp's APIExport virtual workspace refuses
+    her — she cannot go around vwserver to read objects outside her slice."""
+    world = secured.world
+    direct = [
+        f"{world.vw_url}/clusters/{cluster}/apis/example.io/v1alpha1/widgets"
+        for cluster in ("*", consumer_a(world).cluster)
+    ]
+    async with secured.kcp.http_session(token=world.tokens["alice"]) as session:
+        for url in direct:
+            async with session.get(url) as r:
+                assert r.status == 403, (url, await r.text())
+    status, listed = await request(
+        secured, "GET", secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets"),
+        headers=token(world, "alice"),
+    )  # fmt: skip
+    assert status == 200
+    assert listed["items"]
+    assert {i["metadata"]["labels"]["env"] for i in listed["items"]} == {"prod"}
+
+
 async def test_passthrough_forwards_the_callers_token(secured: Secured) -> None:
-    """In passthrough mode kcp decides with the caller's identity: bob, granted slice A but not
-    the export's apiexports/content, is admitted by vwserver and refused by kcp."""
+    """In passthrough mode kcp decides with the caller's identity: alice, granted slice A but
+    not the export's apiexports/content, is admitted by vwserver and refused by kcp; bob, given
+    both for this test, gets the slice's objects."""
     kcp, world = secured.kcp, secured.world
-    grant = slice_grant(SLICE_A, "bob")
-    await apply_retrying(kcp, world.provider.url, grant, within=TIMEOUT)
+    # apiexports/content for bob, as vwserver-export-content.yaml grants it to vwserver
+    role, binding = rbac_docs("vwserver-export-content.yaml")
+    role["metadata"]["name"] = binding["roleRef"]["name"] = "e2e-passthrough-export-content"
+    role["rules"][0]["resourceNames"] = [world.export_name]
+    binding["metadata"]["name"] = "e2e-passthrough-export-content-bob"
+    binding["subjects"] = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}]
+    direct = f"{world.vw_url}/clusters/*/apis/example.io/v1alpha1/widgets"
     try:
+        for doc in (slice_grant(SLICE_A, "bob"), yaml.safe_dump_all([role, binding])):
+            await apply_retrying(kcp, world.provider.url, doc, within=TIMEOUT)
         await wait_allowed(kcp, world, "bob", SLICE_A)
+        async with kcp.http_session(token=world.tokens["bob"]) as direct_session:
+
+            async def bob_may_read_the_export() -> bool | None:
+                async with direct_session.get(direct) as r:
+                    return True if r.status == 200 else None
+
+            await poll("bob's apiexports/content", bob_may_read_the_export, within=TIMEOUT)
         routes = Routes(
             RouteTable(
                 [
@@ -556,17 +577,19 @@ async def test_passthrough_forwards_the_callers_token(secured: Secured) -> None:
                     f"{base}/services/filtered-apiexport/{world.provider.cluster}/{SLICE_A}"
                     "/clusters/*/apis/example.io/v1alpha1/widgets"
                 )
-                async with session.get(url, headers=token(world, "alice")) as r:
-                    assert r.status == 200  # alice may use the export (demo RBAC)
+                async with session.get(url, headers=token(world, "bob")) as r:
+                    assert r.status == 200
                     assert {i["metadata"]["labels"]["env"] for i in (await r.json())["items"]} == {
                         "prod"
                     }
-                async with session.get(url, headers=token(world, "bob")) as r:
+                async with session.get(url, headers=token(world, "alice")) as r:
                     body = json.loads(await r.read())
                     assert r.status == 403
-                    assert 'User "bob" cannot list resource "widgets"' in body["message"]
-    finally:  # the binding only: the role is alice's too
-        await kcp.kubectl(
-            "delete", "clusterrolebinding", f"slice-{SLICE_A}-content-bob", "--ignore-not-found",
-            server=world.provider.url,
-        )  # fmt: skip
+                    assert 'User "alice" cannot list resource "widgets"' in body["message"]
+    finally:  # bob's bindings and the test's role; alice's slice-A role stays
+        for kind, name in (
+            ("clusterrolebinding", f"slice-{SLICE_A}-content-bob"),
+            ("clusterrolebinding", binding["metadata"]["name"]),
+            ("clusterrole", role["metadata"]["name"]),
+        ):
+            await kcp.kubectl("delete", kind, name, "--ignore-not-found", server=world.provider.url)

@@ -1,10 +1,10 @@
 """The embedded controller against real kcp (issue #4): slices created with kubectl become
 routes and get status; kubectl uses the endpoint URL from that status.
 
-Setup (once per module, on the session's kcp): a workspace holding vwserver's own APIExport
-(``manifests/kcp/apiexport.yaml``), bound in the demo's provider and consumer-a workspaces so that
-slices can be created there; an in-process vwserver (proxy + controller) whose external URL is its
-own loopback address.
+Setup (once per module, on the session's kcp, :mod:`tests.e2e.controller_env`): a workspace
+holding vwserver's own APIExport (``manifests/kcp/apiexport.yaml``), bound in the demo's provider
+and consumer-a workspaces so that slices can be created there; an in-process vwserver (proxy +
+controller) whose external URL is its own loopback address.
 """
 
 from __future__ import annotations
@@ -12,134 +12,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest_asyncio
 
-from vwserver.clock import SystemClock
-from vwserver.controller.controller import ControllerSettings, SliceController
-from vwserver.controller.informer import Backoff
-from vwserver.devenv.bootstrap import (
-    Bootstrap,
-    Workspace,
-    apply_retrying,
-    poll,
-    wait_workspace_ready,
+from tests.e2e.controller_env import (
+    Served,
+    condition,
+    create_workspace,
+    eventually,
+    serving,
+    unique,
 )
+from vwserver.clock import SystemClock
+from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying
 from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import bind_api, install_api, slice_manifest, wait_slice_ready
+from vwserver.devenv.slices import export_grant, export_grant_binding, wait_slice_ready
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.k8s.lease import LeaderElector
-from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Routes
-from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
-
-REPO = Path(__file__).resolve().parents[2]
-API_WS = "vwserver-api"
-T = TypeVar("T")
-
-
-@dataclass
-class Served:
-    base: str
-    kcp: KcpInstance
-    world: Bootstrap
-    controller: SliceController
-    api_ws: Workspace
-
-    async def kubectl(self, ws: Workspace, *args: str, input: str | None = None) -> Any:
-        result = await self.kcp.kubectl(*args, server=ws.url, input=input)
-        out = result.stdout.strip()
-        return json.loads(out) if out.startswith("{") else out
-
-    async def create_slice(
-        self,
-        ws: Workspace,
-        name: str,
-        *,
-        selector: dict[str, Any],
-        export_name: str | None = None,
-    ) -> None:
-        """A slice in ``ws`` over an export of the provider workspace (by path)."""
-        manifest = slice_manifest(
-            name,
-            export_path=self.world.provider.path,
-            export_name=export_name or self.world.export_name,
-            selector=selector,
-        )
-        await self.kubectl(ws, "apply", "-f", "-", input=manifest)
-
-    async def slice_status(self, ws: Workspace, name: str) -> dict[str, Any]:
-        doc = await self.kubectl(ws, "get", "filteredapiexportendpointslice", name, "-o", "json")
-        return dict(doc.get("status") or {})
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy (``None``/falsy: not yet)."""
-
-    async def truthy() -> T | None:
-        value = await probe()
-        return value if value else None
-
-    return await poll(what, truthy, within=within, interval=0.25)
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-async def create_workspace(kcp: KcpInstance, name: str) -> Workspace:
-    doc = {"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name}}
-    await apply_retrying(kcp, kcp.cluster_url("root"), json.dumps(doc), within=60)
-    return await wait_workspace_ready(kcp, name, within=60)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Served]:
-    api_ws = await install_api(kcp, workspace=API_WS)
-    for ws in (world.provider, world.consumer("consumer-a")):
-        await bind_api(kcp, ws, api=api_ws)
-    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
-    routes = Routes()
-    async with KubeClient(auth=auth) as client:
-        holder: dict[str, SliceController] = {}
-        app = build_app(
-            routes=routes,
-            upstream=UpstreamClient(auth=auth),
-            ready=lambda: "c" in holder and holder["c"].synced.is_set(),
-        )
-        async with serve_app(app) as base:
-            controller = SliceController(
-                client=client,
-                routes=routes,
-                settings=ControllerSettings(
-                    export_path=api_ws.path,
-                    external_url=base,
-                    resync=5.0,
-                    retry=Backoff(initial=0.2, maximum=1.0),
-                ),
-            )
-            holder["c"] = controller
-            task = asyncio.create_task(controller.run())
-            try:
-                await asyncio.wait_for(controller.synced.wait(), 30)
-                yield Served(base, kcp, world, controller, api_ws)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await controller.aclose()
+    bind_in = (world.provider, world.consumer("consumer-a"))
+    async with serving(kcp, world, bind_in=bind_in, resync=5.0) as served:
+        yield served
 
 
 async def wait_ready(served: Served, ws: Workspace, name: str, *, within: float) -> dict[str, Any]:
@@ -173,19 +73,33 @@ async def test_slice_by_path_becomes_ready_and_its_url_works(served: Served) -> 
 
 
 async def test_slice_in_another_workspace_references_the_export_by_path(served: Served) -> None:
+    """The legitimate cross-workspace case: the export's workspace grants the slice's
+    (manifests/rbac/export-grants-slice-workspace.yaml); tests/security/test_consent_kcp.py
+    covers the slice without a grant."""
     world = served.world
     ws = world.consumer("consumer-a")
+    grant = export_grant(slice_cluster=ws.cluster, export_name=world.export_name)
+    await apply_retrying(served.kcp, world.provider.url, grant, within=10)
     name = unique("dev")
-    await served.create_slice(
-        ws,
-        name,
-        selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
-    )
-    status = await wait_ready(served, ws, name, within=10)
-    url = status["endpoints"][0]["url"]
-    assert f"/{ws.cluster}/{name}" in url
-    out = await served.kcp.kubectl("get", "widgets", "-A", "-o", "json", server=f"{url}/clusters/*")
-    assert {i["metadata"]["labels"]["env"] for i in json.loads(out.stdout)["items"]} == {"dev"}
+    try:
+        await served.create_slice(
+            ws,
+            name,
+            selector={"matchExpressions": [{"key": "env", "operator": "In", "values": ["dev"]}]},
+        )
+        status = await wait_ready(served, ws, name, within=10)
+        assert "granted to this workspace" in condition(status, "APIExportValid")["message"]
+        url = status["endpoints"][0]["url"]
+        assert f"/{ws.cluster}/{name}" in url
+        out = await served.kcp.kubectl(
+            "get", "widgets", "-A", "-o", "json", server=f"{url}/clusters/*"
+        )
+        assert {i["metadata"]["labels"]["env"] for i in json.loads(out.stdout)["items"]} == {"dev"}
+    finally:
+        binding = export_grant_binding(slice_cluster=ws.cluster, export_name=world.export_name)
+        await served.kubectl(
+            world.provider, "delete", "clusterrolebinding", binding, "--ignore-not-found"
+        )
 
 
 async def test_missing_export_is_reported_then_ready_once_it_exists(served: Served) -> None:

@@ -1,10 +1,13 @@
-"""The slice controller reacts to its export appearing through watches, not polling.
+"""The slice controller reacts to its export appearing through watches, not polling, and to its
+export's owner granting and revoking consent at the next reconcile.
 
 A scripted stand-in for kcp serves exactly what the controller reads: vwserver's own endpoint
-slice, one FilteredAPIExportEndpointSlice (whose watch stays silent), and the referenced APIExport
-and its APIExportEndpointSlice, which "appear" when the test says so and announce themselves on
-their watches. The controller re-checks a not-ready slice only after a minute, so if the slice is
-served within seconds, the export's watch did it.
+slice, one FilteredAPIExportEndpointSlice in logical cluster ``slicews`` (whose watch stays
+silent), the referenced APIExport in ``exportid`` and its APIExportEndpointSlice, which "appear"
+when the test says so and announce themselves on their watches, and the consent review
+(:class:`~vwserver.testing.fake_auth.FakeAuth`). In the first test the controller re-checks a
+not-ready slice only after a minute, so if the slice is served within seconds, the export's watch
+did it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +24,8 @@ from vwserver.controller.controller import ControllerSettings, SliceController
 from vwserver.controller.informer import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.routes import Routes
+from vwserver.routes import Route, Routes
+from vwserver.testing.fake_auth import FakeAuth
 from vwserver.testing.serve import serve_app
 
 SLICE = {
@@ -39,14 +44,24 @@ SLICE = {
 }
 
 
+CONSENT = {
+    "export_cluster": "exportid",
+    "export_name": "widgets.example.io",
+    "slice_cluster": "slicews",
+}
+
+
 class FakeKcp:
     def __init__(self) -> None:
         self.base = ""
         self.export_exists = False
         self.appeared = asyncio.Event()
+        self.auth = FakeAuth()
+        self.statuses: list[dict[str, Any]] = []
 
     def app(self) -> web.Application:
         app = web.Application()
+        self.auth.install(app)
         eps = "/clusters/{ws}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices"
         app.router.add_get(eps + "/{name}", self.endpoint_slice)
         app.router.add_get(eps, self.collection)
@@ -117,11 +132,13 @@ class FakeKcp:
         return response
 
     async def status(self, request: web.Request) -> web.Response:
+        self.statuses.append((await request.json())["status"])
         return web.json_response(SLICE)
 
 
-async def test_slice_becomes_ready_when_its_export_appears() -> None:
-    kcp = FakeKcp()
+@contextlib.asynccontextmanager
+async def controlling(kcp: FakeKcp, *, resync: float, retry: Backoff) -> AsyncIterator[Routes]:
+    """A running controller against ``kcp``; yields its route table."""
     routes = Routes()
     async with serve_app(kcp.app()) as base, KubeClient(auth=ClientAuth(server=base)) as client:
         kcp.base = base
@@ -131,27 +148,98 @@ async def test_slice_becomes_ready_when_its_export_appears() -> None:
             settings=ControllerSettings(
                 export_path="root:vwserver",
                 external_url="https://vw.example",
-                resync=60.0,
-                retry=Backoff(initial=60.0, maximum=60.0),  # no polling within this test
+                resync=resync,
+                retry=retry,
             ),
         )
         task = asyncio.create_task(controller.run())
         try:
-            async with asyncio.timeout(5):
-                while (route := routes.table.lookup("slicews", "prod")) is None:  # noqa: ASYNC110
-                    await asyncio.sleep(0.02)
-            assert route.not_ready is not None
-            assert "not found" in route.not_ready
-            kcp.export_exists = True
-            kcp.appeared.set()
-            async with asyncio.timeout(5):
-                while (  # noqa: ASYNC110 - polling a plain attribute of the route table
-                    route := routes.table.lookup("slicews", "prod")
-                ) is None or route.not_ready:
-                    await asyncio.sleep(0.02)
-            assert route.upstream_url == f"{base}/services/apiexport/exportid/widgets.example.io"
+            yield routes
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await controller.aclose()
+
+
+async def served_route(routes: Routes, *, ready: bool, within: float = 5) -> Route:
+    """The slice's route once it is (not) ready."""
+    async with asyncio.timeout(within):
+        while (  # noqa: ASYNC110 - polling a plain attribute of the route table
+            route := routes.table.lookup("slicews", "prod")
+        ) is None or (route.not_ready is None) != ready:
+            await asyncio.sleep(0.02)
+    return route
+
+
+async def test_slice_becomes_ready_when_its_export_appears() -> None:
+    kcp = FakeKcp()
+    kcp.auth.consent(**CONSENT)
+    # no polling within this test: resync and retries a minute away
+    async with controlling(kcp, resync=60.0, retry=Backoff(initial=60.0, maximum=60.0)) as routes:
+        route = await served_route(routes, ready=False)
+        assert route.not_ready is not None
+        assert "not found" in route.not_ready
+        kcp.export_exists = True
+        kcp.appeared.set()
+        route = await served_route(routes, ready=True)
+        assert route.upstream_url == f"{kcp.base}/services/apiexport/exportid/widgets.example.io"
+
+
+async def test_consent_is_asked_on_every_reconcile_and_revocation_retires_the_route() -> None:
+    """Refused → granted (served at the next retry) → revoked (503 at the next resync, the
+    ready route retired so its watches end); nothing of the answer is cached."""
+    kcp = FakeKcp()
+    kcp.export_exists = True
+    kcp.appeared.set()
+    async with controlling(kcp, resync=0.3, retry=Backoff(initial=0.05, maximum=0.1)) as routes:
+        refused = await served_route(routes, ready=False)
+        assert refused.not_ready is not None
+        assert "system:vwserver:workspace:slicews" in refused.not_ready
+        assert refused.upstream_url == ""
+        review = kcp.auth.access_reviews[-1]
+        assert review["cluster"] == "exportid"  # asked in the export's logical cluster
+        assert review["spec"]["user"] == "system:vwserver:workspace:slicews"
+        reasons = {c["type"]: c["reason"] for c in kcp.statuses[-1]["conditions"]}
+        assert reasons == {
+            "SelectorValid": "Valid",
+            "APIExportValid": "NotPermitted",
+            "Ready": "NotPermitted",
+        }
+
+        kcp.auth.consent(**CONSENT)
+        ready = await served_route(routes, ready=True)
+        assert not ready.retired.is_set()
+        asked = len(kcp.auth.access_reviews)
+        await asyncio.sleep(0.8)  # a ready slice is re-asked every resync
+        assert len(kcp.auth.access_reviews) > asked
+        assert routes.table.lookup("slicews", "prod") is ready  # unchanged: not retired
+
+        kcp.auth.revoke_consent(**CONSENT)
+        revoked = await served_route(routes, ready=False, within=2)
+        assert ready.retired.is_set()  # open watches on the ready route end
+        assert revoked.upstream_url == ""
+
+
+async def test_a_ready_slice_fails_closed_when_consent_cannot_be_rechecked() -> None:
+    """kcp stops answering the consent review: the ready route is not trusted beyond a resync;
+    kcp refusing vwserver's review is reported as ConsentUnknown."""
+    kcp = FakeKcp()
+    kcp.export_exists = True
+    kcp.appeared.set()
+    kcp.auth.consent(**CONSENT)
+    async with controlling(kcp, resync=0.3, retry=Backoff(initial=0.05, maximum=0.1)) as routes:
+        ready = await served_route(routes, ready=True)
+        kcp.auth.fail_with = 503  # transient: the reconcile fails and is retried
+        stale = await served_route(routes, ready=False, within=2)
+        assert ready.retired.is_set()
+        assert stale.not_ready is not None
+        assert "cannot re-check" in stale.not_ready
+        kcp.auth.fail_with = None
+        await served_route(routes, ready=True, within=2)
+        kcp.auth.fail_with = 403  # kcp refuses vwserver's review: no answer is no consent
+        unknown = await served_route(routes, ready=False, within=2)
+        assert unknown.not_ready is not None
+        assert "kcp refused vwserver's SubjectAccessReview" in unknown.not_ready
+        reasons = {c["type"]: c["reason"] for c in kcp.statuses[-1]["conditions"]}
+        assert reasons["APIExportValid"] == reasons["Ready"] == "ConsentUnknown"

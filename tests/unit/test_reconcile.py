@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
+from vwserver.controller import consent
 from vwserver.controller.reconcile import (
+    CONSENT_UNKNOWN,
+    NOT_PERMITTED,
     ExportLookup,
     desired,
     endpoint_urls,
@@ -17,6 +20,11 @@ from vwserver.controller.reconcile import (
 from vwserver.selector import Selector
 
 VW = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"
+
+
+def found(*urls: str) -> ExportLookup:
+    """The export, found in the slice's own logical cluster (consent implied)."""
+    return ExportLookup(export_cluster="slicews", urls=urls)
 
 
 def slice_obj(
@@ -40,9 +48,7 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def test_ready_slice() -> None:
-    out = desired(
-        slice_obj(), lookup=ExportLookup(urls=(VW,)), external_url="https://vw.example/", now="T1"
-    )
+    out = desired(slice_obj(), lookup=found(VW), external_url="https://vw.example/", now="T1")
     assert conditions(out.status) == {
         "SelectorValid": ("True", "Valid"),
         "APIExportValid": ("True", "Found"),
@@ -72,7 +78,7 @@ def test_missing_export() -> None:
 
 
 def test_no_endpoint_yet() -> None:
-    out = desired(slice_obj(), lookup=ExportLookup(), external_url="https://vw", now="T1")
+    out = desired(slice_obj(), lookup=found(), external_url="https://vw", now="T1")
     assert conditions(out.status)["Ready"] == ("False", "APIExportNotReady")
     assert out.route is not None
     assert out.route.not_ready is not None
@@ -88,9 +94,7 @@ def test_no_endpoint_yet() -> None:
     ],
 )
 def test_invalid_selector(selector: dict[str, Any], message: str) -> None:
-    out = desired(
-        slice_obj(selector), lookup=ExportLookup(urls=(VW,)), external_url="https://vw", now="T"
-    )
+    out = desired(slice_obj(selector), lookup=found(VW), external_url="https://vw", now="T")
     cond = {c["type"]: c for c in out.status["conditions"]}
     assert cond["SelectorValid"]["status"] == "False"
     assert message in cond["SelectorValid"]["message"]
@@ -100,12 +104,10 @@ def test_invalid_selector(selector: dict[str, Any], message: str) -> None:
 
 
 def test_transition_time_kept_while_status_unchanged() -> None:
-    first = desired(
-        slice_obj(), lookup=ExportLookup(urls=(VW,)), external_url="https://v", now="T1"
-    )
+    first = desired(slice_obj(), lookup=found(VW), external_url="https://v", now="T1")
     again = desired(
         slice_obj(),
-        lookup=ExportLookup(urls=(VW,)),
+        lookup=found(VW),
         external_url="https://v",
         previous=first.status["conditions"],
         now="T2",
@@ -137,10 +139,114 @@ def test_several_shards_get_a_shard_segment() -> None:
         f"https://vw/services/filtered-apiexport/c/n/shards/{shard_id(VW)}",
         f"https://vw/services/filtered-apiexport/c/n/shards/{shard_id(other)}",
     ]
-    out = desired(
-        slice_obj(), lookup=ExportLookup(urls=(VW, other)), external_url="https://vw", now="T"
-    )
+    out = desired(slice_obj(), lookup=found(VW, other), external_url="https://vw", now="T")
     assert out.route is not None
     assert out.route.upstream_for(shard_id(other)) == other
     assert out.route.upstream_for("") == VW
     assert out.route.upstream_for("ffff") is None
+
+
+# --- consent of the export's owner (vwserver.controller.consent) --------------------------------
+
+
+def test_a_slice_in_the_exports_own_workspace_needs_no_grant() -> None:
+    out = desired(slice_obj(), lookup=found(VW), external_url="https://vw", now="T")
+    assert conditions(out.status)["APIExportValid"] == ("True", "Found")
+    assert "granted" not in next(
+        c["message"] for c in out.status["conditions"] if c["type"] == "APIExportValid"
+    )
+    assert out.route is not None
+    assert out.route.not_ready is None
+
+
+def test_a_slice_elsewhere_is_served_when_the_exports_workspace_grants_it() -> None:
+    lookup = ExportLookup(export_cluster="exportws", granted=True, urls=(VW,))
+    out = desired(slice_obj(), lookup=lookup, external_url="https://vw", now="T")
+    assert conditions(out.status) == {
+        "SelectorValid": ("True", "Valid"),
+        "APIExportValid": ("True", "Found"),
+        "Ready": ("True", "Serving"),
+    }
+    assert "granted to this workspace" in out.status["conditions"][1]["message"]
+    assert out.route is not None
+    assert out.route.not_ready is None
+    assert out.route.upstream_url == VW
+
+
+@pytest.mark.parametrize("granted", [False, None], ids=["denied", "not-asked"])
+def test_a_slice_elsewhere_without_a_grant_is_refused(granted: bool | None) -> None:
+    """The confused deputy: a slice in another workspace naming the export. Even if URLs were
+    gathered, none reaches the route or the status."""
+    lookup = ExportLookup(export_cluster="exportws", granted=granted, urls=(VW, VW + "2"))
+    out = desired(slice_obj(), lookup=lookup, external_url="https://vw", now="T")
+    assert conditions(out.status) == {
+        "SelectorValid": ("True", "Valid"),
+        "APIExportValid": ("False", NOT_PERMITTED),
+        "Ready": ("False", NOT_PERMITTED),
+    }
+    message = out.status["conditions"][1]["message"]
+    for part in (
+        "root:provider",  # the export's workspace as the slice names it
+        "slicews",  # the workspace that needs the grant
+        "widgets.example.io",
+        '"system:vwserver:workspace:slicews"',
+        '"filter"',
+        '"access"',
+        consent.GRANT_EXAMPLE,
+    ):
+        assert part in message, part
+    assert out.status["endpoints"] == []
+    assert out.route is not None
+    assert out.route.not_ready == message
+    assert (out.route.upstream_url, dict(out.route.shards)) == ("", {})
+
+
+def test_a_consent_review_that_kcp_refused_is_no_consent() -> None:
+    lookup = ExportLookup(export_cluster="exportws", consent_error="kcp refused (403)", urls=(VW,))
+    out = desired(slice_obj(), lookup=lookup, external_url="https://vw", now="T")
+    assert conditions(out.status)["APIExportValid"] == ("False", CONSENT_UNKNOWN)
+    assert conditions(out.status)["Ready"] == ("False", CONSENT_UNKNOWN)
+    assert out.route is not None
+    assert out.route.not_ready is not None
+    assert "kcp refused (403)" in out.route.not_ready
+    assert out.route.upstream_url == ""
+
+
+def test_an_unknown_cluster_never_implies_consent() -> None:
+    assert consent.implied(slice_cluster="a", export_cluster="a")
+    assert not consent.implied(slice_cluster="a", export_cluster="b")
+    assert not consent.implied(slice_cluster="", export_cluster="")
+
+
+def test_revocation_changes_the_route_and_the_transition_time() -> None:
+    granted = ExportLookup(export_cluster="exportws", granted=True, urls=(VW,))
+    ready = desired(slice_obj(), lookup=granted, external_url="https://vw", now="T1")
+    revoked = desired(
+        slice_obj(),
+        lookup=ExportLookup(export_cluster="exportws", granted=False),
+        external_url="https://vw",
+        previous=ready.status["conditions"],
+        now="T2",
+    )
+    assert status_changed(ready.status, revoked.status)
+    times = {c["type"]: c["lastTransitionTime"] for c in revoked.status["conditions"]}
+    assert times == {"SelectorValid": "T1", "APIExportValid": "T2", "Ready": "T2"}
+    assert ready.route != revoked.route  # so Routes.replace retires the ready one
+
+
+def test_the_consent_review_asks_for_the_synthetic_subject_only() -> None:
+    body = consent.review(slice_cluster="2fx3m0rnxzbs8mq9", export_name="widgets.example.io")
+    assert body == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            # no groups (not even system:authenticated): a grant to a group is never consent
+            "user": "system:vwserver:workspace:2fx3m0rnxzbs8mq9",
+            "resourceAttributes": {
+                "verb": "filter",
+                "group": "apis.kcp.io",
+                "resource": "apiexports",
+                "name": "widgets.example.io",
+            },
+        },
+    }

@@ -25,6 +25,20 @@ def test_replace_retires_removed_and_changed_routes_only() -> None:
     assert routes.table.lookup("c", "drop") is None
 
 
+def test_a_ready_route_replaced_by_a_not_ready_one_is_retired() -> None:
+    """A revoked grant (or a vanished export) turns a served slice into a 503: the watches
+    opened on the ready route must end, or they would go on streaming the export."""
+    ready = route("prod")
+    routes = Routes(RouteTable([ready]))
+    refused = Route(
+        cluster="c", name="prod", selector=ready.selector, upstream_url="", not_ready="refused"
+    )
+    routes.replace(RouteTable([refused]))
+    assert ready.retired.is_set()
+    assert routes.table.lookup("c", "prod") is refused
+    assert not refused.retired.is_set()
+
+
 def test_shard_segment_in_paths() -> None:
     p = split_slice_path(PREFIX + "c/n/shards/0a1b2c/clusters/*/api")
     assert p is not None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from vwserver.auth.cache import Clock, TTLCache
 from vwserver.auth.identity import Identity
-from vwserver.auth.reviews import post_review
+from vwserver.auth.reviews import post_review, review_allows
 from vwserver.k8s.client import KubeClient
 
 CONTENT_GROUP = "sync.edge-connect.eu"
@@ -110,6 +110,4 @@ class AccessReviewer:
         reason = str(status.get("reason") or "")
         if error := status.get("evaluationError"):
             reason = f"{reason}; {error}" if reason else str(error)
-        # "denied: true" is an explicit veto; "allowed" is the only grant (absent means no).
-        allowed = status.get("allowed") is True and status.get("denied") is not True
-        return Decision(allowed=allowed, reason=reason)
+        return Decision(allowed=review_allows(status), reason=reason)

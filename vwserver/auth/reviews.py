@@ -11,6 +11,7 @@ are for the log, not for a possibly unauthenticated client. So: kcp unreachable 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from vwserver.errors import BadGateway, UpstreamUnavailable
@@ -55,3 +56,9 @@ async def post_review(
         ) from e
     status = answer.get("status")
     return status if isinstance(status, dict) else {}
+
+
+def review_allows(status: Mapping[str, Any]) -> bool:
+    """A SubjectAccessReview's answer: ``allowed: true`` is the only grant (absent means no),
+    ``denied: true`` an explicit veto."""
+    return status.get("allowed") is True and status.get("denied") is not True

@@ -7,13 +7,18 @@ once some workspace binds the API — and a list/watch on ``clusters/*`` there s
 every binding workspace. Status is written back through the same virtual workspace.
 
 Per slice, a reconcile resolves ``spec.export`` (a workspace path or a logical-cluster ID; empty
-means the slice's own workspace) to the APIExport and its endpoint slice, validates the selector,
-and derives status and route with the pure :mod:`vwserver.controller.reconcile`. Reconciles of
-one slice never run concurrently (one worker per key at a time). A slice that is not ready is
-retried with backoff (it becomes ready within a couple of seconds of its export appearing); a
-ready one is re-checked every ``resync`` seconds, which picks up a changed or vanished upstream
-URL. Routes change atomically (:meth:`vwserver.routes.Routes.replace`), and a deleted slice's
-route is retired, which ends its open watches.
+means the slice's own workspace) to the APIExport, asks whether the export's owner consents to
+this slice's workspace (:mod:`vwserver.controller.consent`: implied in the export's own workspace,
+else a SubjectAccessReview in the export's workspace, asked on every reconcile), reads the
+export's endpoint slice, validates the selector, and derives status and route with the pure
+:mod:`vwserver.controller.reconcile`. Reconciles of one slice never run concurrently (one worker
+per key at a time). A slice that is not ready is retried with backoff (it becomes ready within a
+couple of seconds of its export appearing, or of the grant); a ready one is re-checked every
+``resync`` seconds, which picks up a changed or vanished upstream URL and a revoked grant.
+Routes change atomically (:meth:`vwserver.routes.Routes.replace`), and a deleted slice's route,
+or a ready route replaced by a not-ready one, is retired, which ends its open watches. A ready
+slice whose re-check fails stops serving once its last confirmation is a resync old (fail
+closed: consent is never trusted longer than that).
 
 Metrics (issue #7): every reconcile is counted by its result, and the queue depth is read from the
 queue when ``/metrics`` is scraped (a callback, so enqueueing costs nothing extra).
@@ -30,9 +35,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vwserver.auth.reviews import post_review, review_allows
 from vwserver.clock import rfc3339
+from vwserver.controller import consent
 from vwserver.controller.informer import Backoff, Informer
 from vwserver.controller.reconcile import (
+    CLUSTER_ANNOTATION,
     GROUP,
     RESOURCE,
     VERSION,
@@ -42,7 +50,7 @@ from vwserver.controller.reconcile import (
     slice_key,
     status_changed,
 )
-from vwserver.errors import UpstreamUnavailable
+from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.k8s.client import JSON, ApiError, KubeClient
 from vwserver.k8s.lease import LeaderElector
 from vwserver.metrics import ServerMetrics
@@ -87,6 +95,8 @@ class SliceController:
         self._objects: dict[Key, JSON] = {}
         self._dynamic: dict[Key, Route] = {}
         self._failures: dict[Key, int] = {}
+        self._verified: dict[Key, float] = {}
+        """When each ready slice's export and consent were last confirmed (``clock``)."""
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
         self._metrics = metrics if metrics is not None else ServerMetrics()
@@ -195,6 +205,7 @@ class SliceController:
                 ready = await self.reconcile(key)
             except (ApiError, UpstreamUnavailable) as e:
                 reconciles.labels("error").inc()
+                self._expire(key)
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = self._settings.retry.delay(failures)
                 log.warning("reconciling slice %s/%s: %s; retry in %.1fs", *key, e, delay)
@@ -216,11 +227,13 @@ class SliceController:
         self._follow_exports()
         obj = self._objects.get(key)
         if obj is None:
+            self._verified.pop(key, None)
             if self._dynamic.pop(key, None) is not None:
                 log.info("slice %s/%s deleted: no longer served", *key)
                 self._publish()
             self._failures.pop(key, None)
             return None
+        checked = self._clock()
         lookup = await self._lookup(obj)
         current = obj.get("status") or {}
         outcome = desired(
@@ -231,12 +244,45 @@ class SliceController:
             now=rfc3339(self._wall()),
         )
         assert outcome.route is not None
-        if self._dynamic.get(key) != outcome.route:
-            self._dynamic[key] = outcome.route
-            self._publish()
+        if outcome.route.not_ready is None:
+            self._verified[key] = checked
+        else:
+            self._verified.pop(key, None)
+        self._set_route(key, outcome.route)
         if status_changed(current, outcome.status) and self._may_write_status():
             await self._write_status(obj, outcome.status)
         return outcome.route.not_ready is None
+
+    def _set_route(self, key: Key, route: Route) -> None:
+        before = self._dynamic.get(key)
+        if before == route:
+            return
+        if before is not None and before.not_ready is None and route.not_ready is not None:
+            log.info("slice %s/%s no longer served: %s", *key, route.not_ready)
+        self._dynamic[key] = route
+        self._publish()  # a replaced route is retired: its open watches end
+
+    def _expire(self, key: Key) -> None:
+        """A reconcile failed: a ready route whose export and consent were last confirmed a
+        resync or more ago stops serving (503) until a reconcile succeeds again — a grant is
+        never trusted longer than ``resync``, even while kcp cannot be asked."""
+        route, obj = self._dynamic.get(key), self._objects.get(key)
+        verified = self._verified.get(key)
+        if route is None or obj is None or route.not_ready is not None or verified is None:
+            return
+        if self._clock() - verified < self._settings.resync:
+            return  # confirmed recently: ride out a short hiccup
+        self._verified.pop(key, None)
+        lookup = ExportLookup(
+            error="cannot re-check the slice's export and its owner's consent now (kcp did not "
+            "answer; see vwserver's log)",
+            reason="APIExportUnverified",
+        )
+        outcome = desired(
+            obj, lookup=lookup, external_url=self._settings.external_url, now=rfc3339(self._wall())
+        )
+        assert outcome.route is not None
+        self._set_route(key, outcome.route)
 
     async def _lookup(self, obj: JSON) -> ExportLookup:
         path, name = export_ref(obj)
@@ -256,15 +302,51 @@ class SliceController:
             raise
         if export is None:
             return ExportLookup(error=f"{where} not found", reason="APIExportNotFound")
-        export_cluster = ((export.get("metadata") or {}).get("annotations") or {}).get(
-            "kcp.io/cluster", ""
+        export_cluster = str(
+            ((export.get("metadata") or {}).get("annotations") or {}).get(CLUSTER_ANNOTATION, "")
         )
+        slice_cluster = slice_key(obj)[0]
+        granted: bool | None = None  # not asked: implied in the export's own workspace
+        if not consent.implied(slice_cluster=slice_cluster, export_cluster=export_cluster):
+            granted, problem = await self._consent(slice_cluster, export_cluster, name)
+            if not granted:
+                # Refused (or unknown): not even the endpoint URLs are read for this slice.
+                return ExportLookup(
+                    export_cluster=export_cluster, granted=granted, consent_error=problem
+                )
         eps = await self._client.get(
             f"/clusters/{path}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices/{name}"
         )
         endpoints = ((eps or {}).get("status") or {}).get("endpoints") or []
         urls = tuple(str(e["url"]).rstrip("/") for e in endpoints if e.get("url"))
-        return ExportLookup(export_cluster=str(export_cluster), urls=urls)
+        return ExportLookup(export_cluster=export_cluster, granted=granted, urls=urls)
+
+    async def _consent(
+        self, slice_cluster: str, export_cluster: str, export_name: str
+    ) -> tuple[bool | None, str]:
+        """Does the export's workspace grant the slice's workspace? Asked anew every time
+        (no cache: a revoked grant ends the slice at its next reconcile).
+
+        (True, ""): granted; (False, ""): not granted; (None, why): kcp refused vwserver's
+        review. A transient failure raises (the worker retries, see :meth:`_expire`).
+        """
+        if not export_cluster:
+            return None, f"the APIExport has no {CLUSTER_ANNOTATION} annotation"
+        try:
+            status = await post_review(
+                self._client,
+                cluster=export_cluster,
+                api="authorization.k8s.io/v1",
+                resource="subjectaccessreviews",
+                body=consent.review(slice_cluster=slice_cluster, export_name=export_name),
+            )
+        except BadGateway as e:  # logged by post_review with kcp's message
+            code = e.__cause__.code if isinstance(e.__cause__, ApiError) else 0
+            return None, (
+                f"kcp refused vwserver's SubjectAccessReview in logical cluster {export_cluster}"
+                f" ({code}): vwserver's identity needs create on subjectaccessreviews there"
+            )
+        return review_allows(status), ""
 
     def _may_write_status(self) -> bool:
         return self._leader is None or self._leader.is_leader

@@ -8,6 +8,11 @@ changed" a plain comparison.
 
 Conditions (``metav1.Condition``): ``SelectorValid``, ``APIExportValid`` and ``Ready``, each with
 a reason a program can branch on, a message a human can act on, and the generation it describes.
+
+A slice serves its export only with the consent of the export's owner (:mod:`.consent`): the
+controller reports the facts (the export's logical cluster, the owner's answer to the consent
+review) and :func:`desired` decides. Anything short of consent is ``APIExportValid=False`` and a
+not-ready route without an upstream URL.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vwserver.controller import consent
 from vwserver.errors import SelectorError
 from vwserver.routes import Route
 from vwserver.selector import Selector
@@ -26,6 +32,10 @@ VERSION = "v1alpha1"
 RESOURCE = "filteredapiexportendpointslices"
 CLUSTER_ANNOTATION = "kcp.io/cluster"
 ENDPOINT_PREFIX = "/services/filtered-apiexport"
+NOT_PERMITTED = "NotPermitted"
+"""Reason: the export's owner has not granted the slice's workspace (see :mod:`.consent`)."""
+CONSENT_UNKNOWN = "ConsentUnknown"
+"""Reason: whether the owner consents could not be asked (kcp refused vwserver's review)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +50,13 @@ class ExportLookup:
     error: str | None = None
     reason: str = ""
     export_cluster: str = ""
+    """The export's logical cluster (its ``kcp.io/cluster`` annotation)."""
     urls: tuple[str, ...] = ()
+    granted: bool | None = None
+    """The export's workspace's answer to the consent review; None: not asked (the slice is in
+    the export's own workspace, or the review could not be made)."""
+    consent_error: str = ""
+    """Why the consent review could not be made (kcp refused vwserver's review)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,32 +145,34 @@ def desired(
         "the object selector is valid" if selector is not None else selector_problem,
     )
     path, export_name = export_ref(obj)
-    if lookup.error is not None:
-        condition("APIExportValid", False, lookup.reason or "APIExportNotFound", lookup.error)
+    # (reason, message) why the export cannot be served by this slice; None: it can.
+    refusal = _export_refusal(lookup, slice_cluster=cluster, path=path, export_name=export_name)
+    if refusal is not None:
+        condition("APIExportValid", False, *refusal)
     else:
-        condition("APIExportValid", True, "Found", f"APIExport {path}/{export_name} found")
+        how = "" if lookup.export_cluster == cluster else ", granted to this workspace"
+        condition("APIExportValid", True, "Found", f"APIExport {path}/{export_name} found{how}")
+    # Never an upstream URL in the route of a refused slice, ready or not.
+    upstreams = lookup.urls if refusal is None else ()
     not_ready: str | None = None
+    ready_reason = ""
     if selector is None:
-        not_ready = f"invalid selector: {selector_problem}"
-    elif lookup.error is not None:
-        not_ready = lookup.error
-    elif not lookup.urls:
+        not_ready, ready_reason = f"invalid selector: {selector_problem}", "InvalidSelector"
+    elif refusal is not None:
+        ready_reason, not_ready = refusal
+        if ready_reason not in (NOT_PERMITTED, CONSENT_UNKNOWN):
+            ready_reason = "APIExportInvalid"
+    elif not upstreams:
+        ready_reason = "APIExportNotReady"
         not_ready = (
             f"APIExport {path}/{export_name} has no virtual-workspace endpoint yet "
             "(kcp publishes one once an APIBinding to the export exists)"
         )
-    urls = endpoint_urls(
-        external_url=external_url, cluster=cluster, name=name, upstreams=lookup.urls
-    )
+    urls = endpoint_urls(external_url=external_url, cluster=cluster, name=name, upstreams=upstreams)
     if not_ready is None:
         condition("Ready", True, "Serving", f"serving {len(urls)} endpoint(s)")
     else:
-        reason = (
-            "InvalidSelector"
-            if selector is None
-            else ("APIExportNotReady" if lookup.error is None else "APIExportInvalid")
-        )
-        condition("Ready", False, reason, not_ready)
+        condition("Ready", False, ready_reason, not_ready)
     status = {
         "observedGeneration": generation,
         "conditions": conditions,
@@ -164,11 +182,31 @@ def desired(
         cluster=cluster,
         name=name,
         selector=selector if selector is not None else Selector(),
-        upstream_url=lookup.urls[0] if lookup.urls else "",
-        shards={shard_id(u): u for u in lookup.urls} if len(lookup.urls) > 1 else {},
+        upstream_url=upstreams[0] if upstreams else "",
+        shards={shard_id(u): u for u in upstreams} if len(upstreams) > 1 else {},
         not_ready=not_ready,
     )
     return Outcome(status=status, route=route)
+
+
+def _export_refusal(
+    lookup: ExportLookup, *, slice_cluster: str, path: str, export_name: str
+) -> tuple[str, str] | None:
+    """(reason, message) why this slice may not serve the export, or None if it may."""
+    if lookup.error is not None:
+        return lookup.reason or "APIExportNotFound", lookup.error
+    if consent.implied(slice_cluster=slice_cluster, export_cluster=lookup.export_cluster):
+        return None
+    if lookup.granted is True:
+        return None
+    if lookup.consent_error:
+        return CONSENT_UNKNOWN, (
+            f"cannot tell whether workspace {path} grants workspace {slice_cluster} filtered "
+            f"views of APIExport {export_name}: {lookup.consent_error}"
+        )
+    return NOT_PERMITTED, consent.missing_grant(
+        slice_cluster=slice_cluster, export_path=path, export_name=export_name
+    )
 
 
 def _condition(

@@ -1,8 +1,9 @@
 """Bring a running kcp into the demo/test state: a provider exporting Widgets, two consumers.
 
 The e2e tests and the ``make run`` demo need the same world — an APIExport with bindings in
-several workspaces, sample objects with labels to filter on, a user who may use the export's
-virtual workspace and one who may not — and kcp only serves the virtual workspace once every
+several workspaces, sample objects with labels to filter on, static users (none of whom may use
+the export's virtual workspace directly: slice users get slices, never ``apiexports/content``,
+see ``config/demo/provider.yaml``) — and kcp only serves the virtual workspace once every
 step before it has settled. This module does those steps in kcp's required order, waits for
 each one with a timeout, and is idempotent (everything is a server-side ``kubectl apply``), so
 it can run against a fresh kcp, a kcp it set up before, or one started by hand with
@@ -49,6 +50,10 @@ _COLORS = ("red", "green", "blue", "yellow")
 T = TypeVar("T")
 
 _APPLY = ("apply", "--server-side", "--force-conflicts", "--field-manager=vwserver-devenv")
+_LEGACY_GRANTS = (
+    ("clusterrolebinding", "widgets-export-content-alice"),
+    ("clusterrole", "widgets-export-content"),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,8 +210,12 @@ async def bootstrap(
     provider = workspaces[PROVIDER]
     consumers = tuple(workspaces[name] for name in CONSUMERS)
 
-    # 2. Schema, export and RBAC in the provider; the export is usable once it has an identity.
+    # 2. Schema and export in the provider; the export is usable once it has an identity.
     await apply_retrying(kcp, provider.url, manifests / "provider.yaml", within=wait_timeout)
+    # Earlier demos gave alice apiexports/content, i.e. the whole export past vwserver: a kcp
+    # bootstrapped by one of them must not keep that grant (apply never deletes).
+    for kind, name in _LEGACY_GRANTS:
+        await kcp.kubectl("delete", kind, name, "--ignore-not-found", server=provider.url)
     await poll(
         f"APIExport {EXPORT_NAME} status.identityHash",
         lambda: get_field(kcp, provider.url, "apiexport", EXPORT_NAME, "status", "identityHash"),

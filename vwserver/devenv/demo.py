@@ -6,7 +6,14 @@ FilteredAPIExportEndpointSlices are created with kubectl (``prod``: env=prod, ``
 vwserver runs as the real ``vwserver serve`` process in kcp mode (its embedded controller finds
 the slices, serves them and writes their endpoint URLs into their status), over TLS with a
 throwaway CA. The demo then writes a kubeconfig per slice endpoint (from ``status.endpoints``)
-and prints copy-pasteable kubectl and curl lines. Everything it writes goes to ``.run/`` in the
+and prints copy-pasteable kubectl and curl lines.
+
+The demo teaches the safe setup: alice, the slice user, is granted
+``filteredapiexportendpointslices/content`` on the ``prod`` slice only
+(``manifests/rbac/example-slice-user.yaml``), never ``apiexports/content`` on the export, so
+kcp's own APIExport virtual workspace refuses her and vwserver's filter cannot be bypassed. The
+slices live in the export's own workspace, so they need no grant from the export's owner (see
+"Which exports a slice may serve" in the README). Everything it writes goes to ``.run/`` in the
 repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver, then kcp, and removes kcp's
 temporary directory.
 """
@@ -127,6 +134,11 @@ def instructions(
         f"curl --cacert {rel}/ca.crt -H 'Authorization: Bearer {world.tokens['alice']}' "
         f"'{prod}/clusters/*/apis/{world.group}/{world.version}/{world.resource}'",
         "",
+        "# alice cannot go around vwserver: kcp's own APIExport virtual workspace refuses her",
+        "# (Forbidden: she has the prod slice, not apiexports/content on the export):",
+        f"kubectl --kubeconfig {rel}/prod.kubeconfig --server '{world.vw_url}/clusters/*' "
+        f"--certificate-authority {shlex.quote(str(kcp.ca_file))} get widgets -A",
+        "",
         f"vwserver config: {rel}/vwserver.yaml   kcp admin kubeconfig: {kcp.kubeconfig}",
         "Ctrl-C stops vwserver and kcp.",
     ]
@@ -153,7 +165,8 @@ async def run(*, run_dir: Path, port: int) -> None:
                 selector={"matchLabels": labels},
             )
             await kcp.kubectl("apply", "-f", "-", server=world.provider.url, input=manifest)
-        # alice may use the slice "prod" (and nothing else of the export through vwserver).
+        # alice may use the slice "prod" — nothing else of the export through vwserver, and
+        # nothing at all directly from kcp (no apiexports/content: config/demo/provider.yaml).
         await kcp.kubectl(
             "apply", "-f", str(REPO / "manifests" / "rbac" / "example-slice-user.yaml"),
             server=world.provider.url,

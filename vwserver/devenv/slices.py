@@ -4,6 +4,10 @@ half of the demo world, shared by ``make run`` and the controller's e2e tests.
 vwserver's API (``manifests/kcp/apiexport.yaml``) lives in a workspace of its own; a provider
 binds it in the workspace where it wants to create slices, and the embedded controller of
 vwserver watches every slice through that export's virtual workspace.
+
+The grants are the shipped examples in ``manifests/rbac/`` with names swapped in, so that the
+demo and the tests prove those files work: :func:`slice_grant` (a user may use a slice) and
+:func:`export_grant` (the export's workspace lets slices of another workspace serve it).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from vwserver.controller import consent
 from vwserver.devenv.bootstrap import (
     Workspace,
     apply_retrying,
@@ -24,6 +31,7 @@ from vwserver.devenv.kcp import KcpInstance
 
 REPO = Path(__file__).resolve().parents[2]
 API_MANIFEST = REPO / "manifests" / "kcp" / "apiexport.yaml"
+RBAC = REPO / "manifests" / "rbac"
 API_EXPORT = "sync.edge-connect.eu"
 KIND = "filteredapiexportendpointslice"
 
@@ -98,3 +106,38 @@ async def wait_slice_ready(
         return status if conditions.get("Ready") == "True" else None
 
     return await poll(f"slice {name} in {ws.path} Ready", ready, within=within)
+
+
+def rbac_docs(name: str) -> list[dict[str, Any]]:
+    """The documents of ``manifests/rbac/<name>``."""
+    return [d for d in yaml.safe_load_all((RBAC / name).read_text()) if d]
+
+
+def slice_grant(slice_name: str, user: str) -> str:
+    """``manifests/rbac/example-slice-user.yaml`` for another slice and user."""
+    role, binding = rbac_docs("example-slice-user.yaml")
+    role["metadata"]["name"] = f"slice-{slice_name}-content"
+    role["rules"][0]["resourceNames"] = [slice_name]
+    binding["metadata"]["name"] = f"slice-{slice_name}-content-{user}"
+    binding["roleRef"]["name"] = role["metadata"]["name"]
+    binding["subjects"] = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    return yaml.safe_dump_all([role, binding])
+
+
+def export_grant_binding(*, slice_cluster: str, export_name: str) -> str:
+    """The ClusterRoleBinding :func:`export_grant` creates (delete it to revoke the grant)."""
+    return f"vwserver:slices-of-{export_name}:{slice_cluster}"
+
+
+def export_grant(*, slice_cluster: str, export_name: str) -> str:
+    """``manifests/rbac/export-grants-slice-workspace.yaml`` for one export and slice workspace,
+    to apply in the export's workspace."""
+    role, binding = rbac_docs("export-grants-slice-workspace.yaml")
+    role["metadata"]["name"] = f"vwserver:slices-of-{export_name}"
+    role["rules"][0]["resourceNames"] = [export_name]
+    binding["metadata"]["name"] = export_grant_binding(
+        slice_cluster=slice_cluster, export_name=export_name
+    )
+    binding["roleRef"]["name"] = role["metadata"]["name"]
+    binding["subjects"][0]["name"] = consent.subject(slice_cluster)
+    return yaml.safe_dump_all([role, binding])

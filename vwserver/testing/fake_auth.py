@@ -10,6 +10,9 @@ answers those two questions the way kcp v0.32 does (checked against a running kc
 * ``POST /clusters/<cluster>/apis/authorization.k8s.io/v1/subjectaccessreviews`` allows what
   :meth:`FakeAuth.grant` granted in that cluster (by user or group, verbs or ``*``), and denies a
   user whose ``extra`` scopes (``authentication.kcp.io/scopes``) exclude the cluster.
+* The same endpoint answers vwserver's consent review (:mod:`vwserver.controller.consent`):
+  verb ``filter`` on ``apis.kcp.io`` ``apiexports`` named like the export, for the synthetic
+  user of a slice's workspace, allowed where :meth:`FakeAuth.consent` granted it.
 * The reviewer itself must present :attr:`FakeAuth.reviewer_token` (when set), else 403 like
   kcp's "cannot create resource tokenreviews".
 
@@ -28,6 +31,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from vwserver.controller import consent
 from vwserver.k8s.status import status_body
 
 SCOPES_KEY = "authentication.kcp.io/scopes"
@@ -60,6 +64,7 @@ class FakeAuth:
     fail_with: int | None = None
     """Answer every review with this HTTP status (a Status body) instead."""
     _grants: list[_Grant] = field(default_factory=list)
+    _consents: set[tuple[str, str, str]] = field(default_factory=set)
 
     def add_user(
         self,
@@ -89,6 +94,13 @@ class FakeAuth:
 
     def revoke_all(self) -> None:
         self._grants.clear()
+
+    def consent(self, *, export_cluster: str, export_name: str, slice_cluster: str) -> None:
+        """The export's workspace grants the slice workspace (see ``manifests/rbac/``)."""
+        self._consents.add((export_cluster, export_name, slice_cluster))
+
+    def revoke_consent(self, *, export_cluster: str, export_name: str, slice_cluster: str) -> None:
+        self._consents.discard((export_cluster, export_name, slice_cluster))
 
     def install(self, app: web.Application) -> None:
         base = "/clusters/{cluster}/apis"
@@ -157,7 +169,14 @@ class FakeAuth:
         if scopes is not None and f"cluster:{cluster}" not in scopes:
             return False
         attrs = spec.get("resourceAttributes") or {}
-        if (attrs.get("group"), attrs.get("resource"), attrs.get("subresource")) != (
+        target = (attrs.get("group"), attrs.get("resource"), attrs.get("subresource"))
+        if target == (consent.GROUP, consent.RESOURCE, None) and attrs.get("verb") == consent.VERB:
+            user = spec.get("user")
+            return any(
+                (cluster, attrs.get("name"), user) == (c, n, consent.subject(slice_cluster))
+                for c, n, slice_cluster in self._consents
+            )
+        if target != (
             "sync.edge-connect.eu",
             "filteredapiexportendpointslices",
             "content",

@@ -1,0 +1,145 @@
+"""An in-process vwserver in kcp mode (proxy + slice controller) on the session's kcp, and the
+helpers its tests share (``tests/e2e/test_controller_kcp.py``, ``tests/security/test_consent_kcp.py``).
+
+vwserver's own API (``manifests/kcp/apiexport.yaml``) is installed once in workspace
+``root:vwserver-api`` and bound where the tests create slices; the server's external URL is its
+own loopback address; vwserver's identity is kcp-admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from vwserver.auth.guard import Guard
+from vwserver.controller.controller import ControllerSettings, SliceController
+from vwserver.controller.informer import Backoff
+from vwserver.devenv.bootstrap import (
+    Bootstrap,
+    Workspace,
+    apply_retrying,
+    poll,
+    wait_workspace_ready,
+)
+from vwserver.devenv.kcp import KcpInstance
+from vwserver.devenv.slices import bind_api, install_api, slice_manifest
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Routes
+from vwserver.server import build_app
+from vwserver.testing.serve import serve_app
+
+API_WS = "vwserver-api"
+T = TypeVar("T")
+
+
+@dataclass
+class Served:
+    base: str
+    kcp: KcpInstance
+    world: Bootstrap
+    controller: SliceController
+    api_ws: Workspace
+
+    async def kubectl(self, ws: Workspace, *args: str, input: str | None = None) -> Any:
+        result = await self.kcp.kubectl(*args, server=ws.url, input=input)
+        out = result.stdout.strip()
+        return json.loads(out) if out.startswith("{") else out
+
+    async def create_slice(
+        self,
+        ws: Workspace,
+        name: str,
+        *,
+        selector: dict[str, Any],
+        export_name: str | None = None,
+    ) -> None:
+        """A slice in ``ws`` over an export of the provider workspace (by path)."""
+        manifest = slice_manifest(
+            name,
+            export_path=self.world.provider.path,
+            export_name=export_name or self.world.export_name,
+            selector=selector,
+        )
+        await self.kubectl(ws, "apply", "-f", "-", input=manifest)
+
+    async def slice_status(self, ws: Workspace, name: str) -> dict[str, Any]:
+        doc = await self.kubectl(ws, "get", "filteredapiexportendpointslice", name, "-o", "json")
+        return dict(doc.get("status") or {})
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
+    """Poll ``probe`` until it returns something truthy (``None``/falsy: not yet)."""
+
+    async def truthy() -> T | None:
+        value = await probe()
+        return value if value else None
+
+    return await poll(what, truthy, within=within, interval=0.25)
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def create_workspace(kcp: KcpInstance, name: str) -> Workspace:
+    doc = {"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name}}
+    await apply_retrying(kcp, kcp.cluster_url("root"), json.dumps(doc), within=60)
+    return await wait_workspace_ready(kcp, name, within=60)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    kcp: KcpInstance,
+    world: Bootstrap,
+    *,
+    bind_in: Sequence[Workspace],
+    resync: float,
+    guard: Callable[[KubeClient], Guard] | None = None,
+) -> AsyncIterator[Served]:
+    """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
+    slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it)."""
+    api_ws = await install_api(kcp, workspace=API_WS)
+    for ws in bind_in:
+        await bind_api(kcp, ws, api=api_ws)
+    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    routes = Routes()
+    async with KubeClient(auth=auth) as client:
+        holder: dict[str, SliceController] = {}
+        app = build_app(
+            routes=routes,
+            upstream=UpstreamClient(auth=auth),
+            ready=lambda: "c" in holder and holder["c"].synced.is_set(),
+            guard=guard(client) if guard is not None else None,
+        )
+        async with serve_app(app) as base:
+            controller = SliceController(
+                client=client,
+                routes=routes,
+                settings=ControllerSettings(
+                    export_path=api_ws.path,
+                    external_url=base,
+                    resync=resync,
+                    retry=Backoff(initial=0.2, maximum=1.0),
+                ),
+            )
+            holder["c"] = controller
+            task = asyncio.create_task(controller.run())
+            try:
+                await asyncio.wait_for(controller.synced.wait(), 30)
+                yield Served(base, kcp, world, controller, api_ws)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await controller.aclose()
