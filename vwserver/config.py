@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from vwserver import listener
 from vwserver.auth import access, tokens
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.logs import LogFormat
@@ -84,6 +85,28 @@ class Auth(_Strict):
     # passthrough: the same checks, then the caller's own token goes to kcp.
     mode: Literal["delegated", "passthrough"] = "delegated"
     cache: AuthCache = msgspec.field(default_factory=AuthCache)
+
+
+class Connections(_Strict):
+    """Bounds on each client connection, against slow and greedy clients (vwserver.listener)."""
+
+    # A request's headers must be complete this long after the connection (or the request's
+    # first byte); the TLS handshake gets as long.
+    header_timeout_seconds: float = listener.DEFAULT_HEADER_TIMEOUT
+    # A request body must be complete this long after its headers.
+    body_timeout_seconds: float = listener.DEFAULT_BODY_TIMEOUT
+    # A keep-alive connection without a request is closed after this long.
+    idle_timeout_seconds: float = listener.DEFAULT_IDLE_TIMEOUT
+    # Open connections per client IP address (each watch holds one); 0: no limit.
+    max_connections_per_client: int = listener.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+
+    def limits(self) -> listener.ConnectionLimits:
+        return listener.ConnectionLimits(
+            header_timeout=self.header_timeout_seconds,
+            body_timeout=self.body_timeout_seconds,
+            idle_timeout=self.idle_timeout_seconds,
+            max_connections_per_client=self.max_connections_per_client,
+        )
 
 
 class Upstream(_Strict):
@@ -154,6 +177,7 @@ HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 
 class Config(_Strict):
     listen: Listen = msgspec.field(default_factory=Listen)
+    connections: Connections = msgspec.field(default_factory=Connections)
     tls: TLS | None = None
     # Plain HTTP without TLS. For local development only; `serve` refuses to start without TLS
     # unless this is set.
@@ -247,6 +271,7 @@ def _validate(config: Config, *, base_dir: Path) -> None:
                     "client certificates cannot be forwarded to kcp in auth.mode passthrough",
                 )
     _validate_auth(config.auth)
+    _validate_connections(config.connections)
     if config.controller is not None:
         if config.external_url is None:
             raise ConfigError(
@@ -312,6 +337,14 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         if s.upstream_url is not None and not s.upstream_url.startswith(("https://", "http://")):
             raise ConfigError(f"{field}.upstreamURL", f"{s.upstream_url!r} is not an http(s) URL")
         slice_selector(s, field=field)
+
+
+def _validate_connections(c: Connections) -> None:
+    for name in ("header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds"):
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"$.connections.{_camel(name)}", "must be positive")
+    if c.max_connections_per_client < 0:
+        raise ConfigError("$.connections.maxConnectionsPerClient", "must not be negative")
 
 
 def _validate_auth(auth: Auth) -> None:

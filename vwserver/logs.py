@@ -8,7 +8,11 @@ warning such as "watch ended" can be tied to its request line.
 
 What never goes into a log: tokens and object contents. The proxy logs paths without their query
 string, the authenticated user name (never a credential), and error messages that name objects at
-most; the tests check a request with a token and a body against the output of both formats.
+most; the tests check a request with a token and a body against the output of both formats. Nor
+does a byte of a malformed request: aiohttp's HTTP parser errors quote the line they stopped at
+(once ``Authorization: Bearer …``). :mod:`vwserver.listener` answers and logs those itself, and
+:class:`ParserErrorScrubber` keeps any such error that still reaches aiohttp's own loggers down
+to its class name.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 LogFormat = Literal["json", "text"]
 
@@ -53,6 +59,29 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class ParserErrorScrubber(logging.Filter):
+    """Rewrites a record carrying an HTTP parser error to name only the error's class: its
+    message and traceback quote request bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg = "malformed HTTP request (%s); its bytes are not logged"
+            record.args = (type(error).__name__,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+SCRUBBER = ParserErrorScrubber()
+AIOHTTP_LOGGERS = ("aiohttp.server", "aiohttp.web", "aiohttp.internal", "aiohttp.access")
+
+
+def scrub_aiohttp_logs() -> None:
+    """Put :data:`SCRUBBER` on aiohttp's server-side loggers (idempotent)."""
+    for name in AIOHTTP_LOGGERS:
+        logging.getLogger(name).addFilter(SCRUBBER)
 
 
 def formatter(fmt: LogFormat) -> logging.Formatter:

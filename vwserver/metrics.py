@@ -77,6 +77,14 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        self.connections_closed = Counter(
+            "vwserver_connections_closed",
+            "Client connections the server closed or refused, by reason: client_limit (over "
+            "connections.maxConnectionsPerClient), header_timeout, body_timeout, malformed (a "
+            "request that is not HTTP, or whose head is too large).",
+            ["reason"],
+            registry=r,
+        )
         self.reconciles = Counter(
             "vwserver_controller_reconciles",
             "Slice reconciles by result (ready, not_ready, deleted, error).",

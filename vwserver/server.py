@@ -2,6 +2,9 @@
 
 Nothing here is global: :func:`build_app` wires the pieces it is given, so tests build as many
 independent servers as they like (against fake or real upstreams) and ``serve`` builds one.
+``serve`` listens through :mod:`vwserver.listener` (plain HTTP and TLS alike): bounded request
+heads, header/body/idle timeouts, a per-client connection limit (``connections`` in the config),
+malformed requests answered with a Status and logged without their bytes.
 
 Graceful shutdown (issue #7), when ``stop`` is set (SIGTERM): ``/readyz`` answers 503 at once, so
 that Kubernetes takes the pod out of its Service. New connections are still served for
@@ -39,6 +42,7 @@ from vwserver.errors import ConfigError
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
 from vwserver.k8s.lease import LeaderElector
+from vwserver.listener import listening
 from vwserver.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.handler import ProxyHandler, record_headers_sent
@@ -327,52 +331,40 @@ async def _run_site(
     tls_reload_interval: float,
 ) -> None:
     tls = serving_tls(config, base_dir=base_dir)
-    # handler_cancellation: a client that goes away cancels its handler, which closes the
-    # upstream request at once (issue #2 §3) instead of holding an idle watch open.
-    # shutdown_timeout: how long runner.cleanup() lets requests in flight finish before it
-    # cancels them (aiohttp waits for every connection's handler concurrently).
-    runner = web.AppRunner(
+    # Leaving the block closes idle keep-alive connections (busy ones after their response),
+    # waits up to the grace period for requests in flight, cancels what is left, then closes
+    # the upstream (the app's cleanup).
+    async with listening(
         app,
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=config.shutdown_grace_period_seconds,
-    )
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
         config.listen.host,
         config.listen.port,
+        limits=config.connections.limits(),
         ssl_context=tls.context if tls is not None else None,
-    )
-    await site.start()
-    reload_task = (
-        asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
-        if tls is not None
-        else None
-    )
-    if tls is None:
-        log.warning(
-            "insecureServing: plain HTTP, bearer tokens travel unencrypted; development only"
+        metrics=app[METRICS_KEY],
+        shutdown_timeout=config.shutdown_grace_period_seconds,
+    ) as site:
+        reload_task = (
+            asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
+            if tls is not None
+            else None
         )
-    scheme = "https" if config.tls else "http"
-    log.info(
-        "serving %d static slice(s)%s on %s://%s:%d%s",
-        len(routes.table),
-        " and the slices found in kcp" if config.controller is not None else "",
-        scheme,
-        config.listen.host,
-        config.listen.port,
-        PREFIX,
-    )
-    try:
-        await stop.wait()
-        await _drain(app[LIFECYCLE_KEY], site, delay=config.shutdown_delay_seconds)
-    finally:
-        if reload_task is not None:
-            await _cancel(reload_task)
-        # Closes idle keep-alive connections (busy ones after their response), waits up to the
-        # grace period for requests in flight, cancels what is left, then closes the upstream.
-        await runner.cleanup()
+        if tls is None:
+            log.warning(
+                "insecureServing: plain HTTP, bearer tokens travel unencrypted; development only"
+            )
+        log.info(
+            "serving %d static slice(s)%s on %s%s",
+            len(routes.table),
+            " and the slices found in kcp" if config.controller is not None else "",
+            site.name,
+            PREFIX,
+        )
+        try:
+            await stop.wait()
+            await _drain(app[LIFECYCLE_KEY], site, delay=config.shutdown_delay_seconds)
+        finally:
+            if reload_task is not None:
+                await _cancel(reload_task)
     log.info("stopped")
 
 

@@ -325,14 +325,23 @@ async def test_review_failures_are_5xx_and_not_cached(
         await world.admit("alice-token")
     assert unavailable.value.retry_after == 1
     world.fake.fail_with = None
-    world.fake.reviewer_token = "something-else"  # vwserver's identity lacks RBAC
-    with pytest.raises(BadGateway) as refused:
+    # vwserver's identity lacks RBAC: kcp's 403 is the one it gives for a workspace that does
+    # not exist, so the caller gets the 401 of a rejected token (tests/unit/test_tokens.py),
+    # cached as briefly; the log says why.
+    world.fake.reviewer_token = "something-else"
+    with pytest.raises(Unauthorized) as refused:
         await world.admit("alice-token")
-    assert "vwserver" not in refused.value.message  # details go to the log, not the caller
+    assert refused.value.message == "Unauthorized"
     assert "cannot create resource" in caplog.text
     assert "alice-token" not in caplog.text
     world.fake.reviewer_token = REVIEWER
+    world.clock.advance(5)
     assert (await world.admit("alice-token")).user == "alice"
+    world.fake.reviewer_token = "something-else"  # and a refused access review is a 502
+    with pytest.raises(BadGateway) as bad:
+        await world.admit("alice-token", verb="get")
+    assert "vwserver" not in bad.value.message  # details go to the log, not the caller
+    world.fake.reviewer_token = REVIEWER
 
 
 async def test_kcp_unreachable_is_503(world: World) -> None:

@@ -8,6 +8,14 @@ needs permissions there already (the SubjectAccessReview goes there), so no extr
 to grant it ``tokenreviews/create``; and should a kcp authenticate per workspace, the slice's
 workspace is where the caller asks to be let in. The cache key therefore includes the cluster.
 
+A TokenReview kcp refuses *because of the workspace* (403: vwserver may not review there, or the
+workspace does not exist; 404) is a rejected token: 401, like an invalid token, and cached the
+same way. Otherwise a bogus token would tell an unauthenticated caller which slice clusters
+exist (502 for a missing workspace, 401 for a real one). kcp's refusal is still logged (by
+:func:`~vwserver.auth.reviews.post_review`), so a workspace missing vwserver's reviewer RBAC
+shows in the log; kcp unreachable or overloaded stays a 503, and any other refusal a 502:
+neither depends on the workspace.
+
 Tokens are never stored or logged: the cache is keyed by an HMAC of the token under a key that
 lives only in this process, so even a memory dump does not allow testing guessed tokens offline.
 Negative answers are cached too (shorter), so a client retrying a bad token in a loop costs kcp
@@ -29,13 +37,17 @@ from vwserver.auth.cache import Clock, TTLCache
 from vwserver.auth.identity import Identity
 from vwserver.auth.reviews import post_review
 from vwserver.errors import BadGateway
-from vwserver.k8s.client import KubeClient
+from vwserver.k8s.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 10.0
 DEFAULT_NEGATIVE_TTL = 5.0
 DEFAULT_MAX_ENTRIES = 10_000
+
+# kcp's answers to a review that depend on the workspace it is posted to: forbidden there
+# (including a workspace that does not exist) and not found.
+_WORKSPACE_REFUSALS = frozenset({403, 404})
 
 
 class _UserInfo(msgspec.Struct):
@@ -94,19 +106,25 @@ class TokenReviewer:
         return await self._cache.get_or_load((cluster, digest), review)
 
     async def _review(self, token: str, *, cluster: str) -> TokenResult:
-        raw = await post_review(
-            self._client,
-            cluster=cluster,
-            api="authentication.k8s.io/v1",
-            resource="tokenreviews",
-            body={
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenReview",
-                # No audiences: kcp then checks the token against its own API audiences, i.e.
-                # the caller uses the token it uses with kcp.
-                "spec": {"token": token},
-            },
-        )
+        try:
+            raw = await post_review(
+                self._client,
+                cluster=cluster,
+                api="authentication.k8s.io/v1",
+                resource="tokenreviews",
+                body={
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenReview",
+                    # No audiences: kcp then checks the token against its own API audiences,
+                    # i.e. the caller uses the token it uses with kcp.
+                    "spec": {"token": token},
+                },
+            )
+        except BadGateway as e:
+            refusal = e.__cause__
+            if isinstance(refusal, ApiError) and refusal.code in _WORKSPACE_REFUSALS:
+                return TokenResult(None, f"kcp refused the review in {cluster} ({refusal.code})")
+            raise
         try:
             status = msgspec.convert(raw, _TokenReviewStatus)
         except msgspec.ValidationError as e:

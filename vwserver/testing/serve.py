@@ -8,19 +8,22 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from vwserver.listener import ConnectionLimits, listening
+
 
 @contextlib.asynccontextmanager
 async def serve_app(
-    app: web.Application, *, host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None
+    app: web.Application,
+    *,
+    host: str = "127.0.0.1",
+    ssl_context: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> AsyncIterator[str]:
-    """Run ``app`` like ``vwserver serve`` does (handler cancellation on); yields its base URL."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, 0, ssl_context=ssl_context)
-        await site.start()
-        bound_host, port = runner.addresses[0][:2]
+    """Run ``app`` like ``vwserver serve`` does (the same listener, handler cancellation on;
+    ``limits``: the config file's defaults); yields its base URL."""
+    async with listening(
+        app, host, 0, limits=limits or ConnectionLimits(), ssl_context=ssl_context
+    ) as site:
+        bound_host, port = site.address
         scheme = "https" if ssl_context is not None else "http"
         yield f"{scheme}://{bound_host}:{port}"
-    finally:
-        await runner.cleanup()
