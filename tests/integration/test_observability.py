@@ -258,3 +258,25 @@ def test_json_lines_carry_request_id_fields_and_exceptions() -> None:
 def _no_leaked_request_id() -> Iterator[None]:
     yield
     assert REQUEST_ID.get() is None
+
+
+async def test_refusals_are_logged_and_counted_with_their_own_code_and_user() -> None:
+    """A 403 names the refused user in the log (not '-'); a body over the limit is a 413
+    Status, counted as 413 (not 500)."""
+    with captured_logs() as (json_out, _):
+        async with metered_env() as env:
+            assert await env.list("eu-not-dev") == 403  # alice is granted prod only
+            big = b'{"metadata":{"name":"x"},"pad":"' + b"x" * (5 * 2**20) + b'"}'
+            async with env.session.post(
+                env.url(),
+                data=io.BytesIO(big),
+                headers={**ALICE, "Content-Type": "application/json"},
+            ) as r:
+                doc = await r.json()
+            assert r.status == 413 and doc["reason"] == "RequestEntityTooLarge", doc
+            assert env.sample("vwserver_requests_total", slice=PROD, verb="create", code="413")
+            assert not env.sample("vwserver_requests_total", slice=PROD, verb="create", code="500")
+    lines = [json.loads(line) for line in json_out.getvalue().splitlines()]
+    access = [line for line in lines if line["logger"] == "vwserver.access"]
+    denied = next(line for line in access if line["code"] == 403)
+    assert denied["user"] == "alice"

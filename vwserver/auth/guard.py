@@ -76,6 +76,15 @@ class Guard:
     ) -> Identity:
         """The caller's identity, if it may ``verb`` the content of the slice."""
         identity = await self.authenticate(request, cluster=slice_cluster)
+        await self.authorize(
+            identity, slice_cluster=slice_cluster, slice_name=slice_name, verb=verb
+        )
+        return identity
+
+    async def authorize(
+        self, identity: Identity, *, slice_cluster: str, slice_name: str, verb: str
+    ) -> None:
+        """Raise :class:`Forbidden` unless ``identity`` may ``verb`` the content of the slice."""
         decision = await self._access.review(
             identity, cluster=slice_cluster, slice_name=slice_name, verb=verb
         )
@@ -96,7 +105,6 @@ class Guard:
                 + (f": {decision.reason}" if decision.reason else ""),
                 details={"name": slice_name, "group": CONTENT_GROUP, "kind": CONTENT_RESOURCE},
             )
-        return identity
 
     async def authenticate(self, request: web.Request, *, cluster: str) -> Identity:
         """Who the caller is; ``cluster`` is where a token is reviewed (the slice's)."""

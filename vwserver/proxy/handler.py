@@ -180,10 +180,14 @@ class ProxyHandler:
         )
         upstream = self._upstream
         if self._guard is not None:
-            identity = await self._guard.admit(
-                request, slice_cluster=path.slice_cluster, slice_name=path.slice_name, verb=api.verb
+            identity = await self._guard.authenticate(request, cluster=path.slice_cluster)
+            record.user = identity.user  # logged also when the caller is then refused
+            await self._guard.authorize(
+                identity,
+                slice_cluster=path.slice_cluster,
+                slice_name=path.slice_name,
+                verb=api.verb,
             )
-            record.user = identity.user
             if (token := self._guard.upstream_token(request)) is not None:
                 upstream = upstream.for_caller(token)
         route = self._routes.table.lookup(path.slice_cluster, path.slice_name)
