@@ -106,6 +106,30 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
     content_type = ctx.request.content_type
     patch = await _parse_patch(ctx, content_type)
+    if content_type == APPLY_PATCH and "fieldManager" not in ctx.options:
+        # The apiserver's validation of PatchOptions, answered before the object is looked up.
+        raise Invalid(
+            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+            "is required for apply patch",
+            details={
+                "group": "meta.k8s.io",
+                "kind": "PatchOptions",
+                "causes": [
+                    {
+                        "reason": "FieldValueRequired",
+                        "message": "Required value: is required for apply patch",
+                        "field": "fieldManager",
+                    }
+                ],
+            },
+        )
+    if content_type == APPLY_PATCH and not ctx.api.subresource:
+        # An apply may create the object: its configuration is labelled and checked like a
+        # create *before* the stored object is looked at, so an apply naming an object outside
+        # the slice is refused exactly like one naming a missing object (no existence oracle).
+        # A configuration must therefore keep the object in the slice by itself.
+        assert isinstance(patch, dict)
+        _label_for_create(patch, ctx.route.selector)
     client_dry_run = ctx.options.get("dryRun") == "All"
     query = ctx.options.items
     headers = ctx.upstream_headers(content_type=content_type)
@@ -116,11 +140,12 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
         if stored is None:
             if content_type != APPLY_PATCH or ctx.api.subresource:
                 return ctx.not_found()
-            # Server-side apply of a new object is a create: label it like one.
-            assert isinstance(patch, dict)
-            send: dict[str, Any] | list[Any] = copy.deepcopy(patch)
-            assert isinstance(send, dict)
-            _label_for_create(send, ctx.route.selector)
+            if isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion"):
+                # An apply conditional on a version of an object that does not exist: the
+                # object is missing (the apiserver would refuse it as a create).
+                return ctx.not_found()
+            # Server-side apply of a new object is a create (labelled above).
+            send: dict[str, Any] | list[Any] = patch
         else:
             send = _patch_precondition(patch, stored, content_type, ctx)
         data = _encoder.encode(send)
