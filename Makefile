@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup kcp run test check lint typecheck pytest unit integration e2e bench lock clean
+.PHONY: setup kcp go-clients run test check lint typecheck pytest unit integration e2e bench lock clean
 
 setup: $(STAMP) kcp
 
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml requirements.lock
 # Builds kcp once per version into ~/.cache/vwserver (see scripts/kcp/build.sh).
 kcp:
 	@scripts/kcp/build.sh >/dev/null
+
+# Builds the Go test clients (clients/go) into ~/.cache/vwserver (see scripts/go/build.sh).
+go-clients:
+	@scripts/go/build.sh >/dev/null
 
 run: setup
 	$(BIN)/python -m vwserver.devenv.demo
@@ -44,7 +48,7 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 endef
 
-pytest: $(STAMP) kcp
+pytest: $(STAMP) kcp go-clients
 	@$(call run_pytest,-q tests)
 
 unit: $(STAMP)
@@ -53,7 +57,7 @@ unit: $(STAMP)
 integration: $(STAMP)
 	@$(call run_pytest,-q tests/integration)
 
-e2e: $(STAMP) kcp
+e2e: $(STAMP) kcp go-clients
 	@$(call run_pytest,-q tests/e2e)
 
 bench: $(STAMP)

@@ -12,6 +12,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
+# shellcheck source=../lib/cache.sh
+source "$here/../lib/cache.sh"
 
 # kcp-dev's fork and staging modules are served by the module proxy, but the checksum database has
 # no entries for most of their pseudo-versions (404). Their hashes are pinned in go.sum instead.
@@ -27,8 +29,8 @@ if [[ "${1:-}" == "--print-replace" ]]; then
 fi
 
 version=$(awk '$1=="github.com/kcp-dev/kcp"{print $2; exit}' go.mod)
-key=$(cat go.mod go.sum | sha256sum | cut -c1-12)
-cache_root=${VWSERVER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vwserver}
+key=$(cat go.mod go.sum | vw_hash)
+cache_root=$(vw_cache_root)
 out_dir="$cache_root/kcp/${version}-${key}"
 bin="$out_dir/kcp"
 

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+)
+
+// jsonLines writes one JSON object per line, whole lines only, from any goroutine.
+type jsonLines struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func newJSONLines(w io.Writer) *jsonLines { return &jsonLines{w: w} }
+
+func (o *jsonLines) emit(v map[string]any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]any{"event": "error", "error": fmt.Sprintf("encode: %v", err)})
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, err := o.w.Write(append(b, '\n')); err != nil {
+		fmt.Fprintf(os.Stderr, "vwclient: cannot write to stdout: %v\n", err)
+	}
+}
+
+// requestLogger reports every HTTP request the client makes (method, path, query, status), so a
+// test can see which protocol the client chose (LIST vs watch-list, paging, discovery).
+type requestLogger struct {
+	next http.RoundTripper
+	out  *jsonLines
+}
+
+func (t *requestLogger) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	line := map[string]any{
+		"event":  "request",
+		"method": req.Method,
+		"path":   req.URL.Path,
+		"query":  req.URL.RawQuery,
+	}
+	if err != nil {
+		line["error"] = err.Error()
+	} else {
+		line["status"] = resp.StatusCode
+	}
+	t.out.emit(line)
+	return resp, err
+}
