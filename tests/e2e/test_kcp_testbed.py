@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from vwserver.devenv.bootstrap import Bootstrap, SampleWidget, Workspace
+from vwserver.devenv.bootstrap import SAMPLE_NAMESPACES, Bootstrap, SampleWidget, Workspace
 from vwserver.devenv.kcp import KcpError, KcpInstance, start_kcp
 
 Observe = Callable[[str], None]
@@ -50,6 +50,12 @@ def key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 def sample_key(w: SampleWidget) -> tuple[str, str, str]:
     return (w.cluster, w.namespace, w.name)
+
+
+def samples(objects: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The sorted keys of the objects in the sample namespaces (other tests of the session
+    create objects in namespaces of their own)."""
+    return sorted(k for k in map(key, objects) if k[1] in SAMPLE_NAMESPACES)
 
 
 class WatchStream:
@@ -138,20 +144,24 @@ async def test_kubectl_lists_widgets_across_and_per_cluster(
     each with its ``kcp.io/cluster`` annotation; a label selector is applied server-side."""
     wildcard = f"{world.vw_url}/clusters/*"
     out = await kcp.kubectl("get", "widgets", "-A", "-o", "json", server=wildcard)
-    items = json.loads(out.stdout)["items"]
-    assert sorted(key(i) for i in items) == sorted(sample_key(w) for w in world.widgets)
+    items = [
+        i
+        for i in json.loads(out.stdout)["items"]
+        if i["metadata"]["namespace"] in SAMPLE_NAMESPACES
+    ]
+    assert samples(items) == sorted(sample_key(w) for w in world.widgets)
     for item in items:
         sample = next(w for w in world.widgets if sample_key(w) == key(item))
         assert {k: item["metadata"]["labels"][k] for k in ("env", "region")} == sample.labels
 
     out = await kcp.kubectl("get", "widgets", "-A", "-l", "env=prod", "-o", "json", server=wildcard)
-    prod = sorted(key(i) for i in json.loads(out.stdout)["items"])
+    prod = samples(json.loads(out.stdout)["items"])
     assert prod == sorted(sample_key(w) for w in world.widgets if w.labels["env"] == "prod")
 
     for ws in world.consumers:
         server = f"{world.vw_url}/clusters/{ws.cluster}"
         out = await kcp.kubectl("get", "widgets", "-A", "-o", "json", server=server)
-        mine = sorted(key(i) for i in json.loads(out.stdout)["items"])
+        mine = samples(json.loads(out.stdout)["items"])
         assert mine == sorted(sample_key(w) for w in world.widgets if w.cluster == ws.cluster)
 
     out = await kcp.kubectl("api-resources", "-o", "name", server=wildcard, check=False)
@@ -298,7 +308,7 @@ async def test_watch_list_ends_initial_events_with_bookmark(
         while (event := await watch.next())["type"] == "ADDED":
             added.append(event["object"])
     observe(f"{len(added)} ADDED, then {event['type']}: {json.dumps(event['object'])}")
-    assert sorted(key(o) for o in added) == expected
+    assert samples(added) == expected
     assert event["type"] == "BOOKMARK"
     assert set(event["object"]) == {"apiVersion", "kind", "metadata"}
     meta = event["object"]["metadata"]

@@ -46,7 +46,14 @@ async def relay_stream(
     """Stream an upstream response through unchanged (discovery, apibindings)."""
     response = web.StreamResponse(status=upstream.status, headers=response_headers(upstream))
     await response.prepare(request)
-    async for chunk in upstream.content.iter_any():
-        await response.write(chunk)
+    if not headers_only(request):
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
     await response.write_eof()
     return response
+
+
+def headers_only(request: web.Request) -> bool:
+    """A HEAD request gets the GET's status and headers and no body (RFC 9110 §9.3.2); a
+    streamed response must stop after its headers itself."""
+    return request.method == "HEAD"

@@ -31,7 +31,7 @@ from vwserver import metrics as m
 from vwserver.errors import BadGateway
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, filter_event
-from vwserver.proxy.responses import relay_whole, response_headers
+from vwserver.proxy.responses import headers_only, relay_whole, response_headers
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,9 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             return await relay_whole(up)
         response = web.StreamResponse(status=200, headers=response_headers(up))
         await response.prepare(ctx.request)
+        if headers_only(ctx.request):
+            await response.write_eof()
+            return response
         buffer = bytearray()
         # A slice that is deleted (or whose upstream moves) retires its route (issue #4), and a
         # server that shuts down closes every watch (issue #7): closing the upstream response

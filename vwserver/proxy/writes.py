@@ -412,13 +412,28 @@ def _check_stays(labels: dict[str, str] | None, ctx: ProxyRequest) -> None:
         )
 
 
+def _check_labels(labels: Any, *, deletions: bool = False) -> None:
+    """Labels are a map of strings to strings (the apiserver refuses anything else when it
+    decodes ObjectMeta); a merge patch may also delete a label with null. The proxy's selector
+    checks need the same reading of them as kcp's."""
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        raise BadRequest("metadata.labels must be an object of strings")
+    for key, value in labels.items():
+        if not isinstance(value, str) and not (deletions and value is None):
+            raise BadRequest(f"metadata.labels[{key}]: the value must be a string")
+
+
 def _label_for_create(body: dict[str, Any], selector: Selector) -> None:
     meta = body.setdefault("metadata", {})
     if not isinstance(meta, dict):
         raise BadRequest("metadata must be an object")
+    if meta.get("resourceVersion"):
+        # The apiserver answers this with a 500; it is the client's mistake.
+        raise BadRequest("metadata.resourceVersion must not be set on objects to be created")
     labels = meta.get("labels") or {}
-    if not isinstance(labels, dict):
-        raise BadRequest("metadata.labels must be an object")
+    _check_labels(labels)
     for key, value in selector.required_labels().items():
         if key in labels and labels[key] != value:
             raise Invalid(
@@ -461,7 +476,8 @@ def _cause(key: str, message: str) -> dict[str, str]:
 def _labels(body: dict[str, Any]) -> dict[str, str] | None:
     meta = body.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
-    return labels if isinstance(labels, dict) else None
+    _check_labels(labels)
+    return labels
 
 
 def _with_resource_version(
@@ -529,6 +545,9 @@ async def _parse_patch(ctx: ProxyRequest, content_type: str) -> dict[str, Any] |
         return patch
     if content_type in (MERGE_PATCH, STRATEGIC_PATCH):
         patch = decode_json(raw)
+        meta = patch.get("metadata") if isinstance(patch, dict) else None
+        if isinstance(meta, dict):
+            _check_labels(meta.get("labels"), deletions=True)
     elif content_type == APPLY_PATCH:
         patch = decode_yaml(raw)
     elif content_type == _APPLY_CBOR:
