@@ -1,0 +1,121 @@
+"""Helpers shared by the security tests (fuzzing, existence oracle, write race).
+
+Nothing here is a test. The pieces:
+
+* :class:`LogCapture` — every log record emitted while it is installed, to assert that no
+  request produced a traceback or an ERROR record;
+* :class:`UpstreamRecorder` — the status and body of every response the fake upstream sent, next
+  to the requests the fake records itself, so that a test can tell a Status the proxy relayed
+  from one it made up;
+* :func:`status_problem` — whether an error response is a Kubernetes ``Status``;
+* :func:`env_int` — sizes of the bounded tests, overridable from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from vwserver.testing.fake_upstream import FakeUpstream
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer knob from the environment (``VWSERVER_FUZZ_EXAMPLES=50000`` ...)."""
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else default
+
+
+class LogCapture(logging.Handler):
+    """Collects every record at WARNING and above from every logger while installed."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> LogCapture:
+        logging.getLogger().addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger().removeHandler(self)
+
+    def problems(self, since: int = 0) -> list[str]:
+        """ERROR (or worse) records and records carrying a traceback, from index ``since``."""
+        out = []
+        for record in self.records[since:]:
+            if record.levelno >= logging.ERROR or record.exc_info or record.stack_info:
+                text = f"{record.levelname} {record.name}: {record.getMessage()}"
+                if record.exc_info and record.exc_info[1] is not None:
+                    error = record.exc_info[1]
+                    text += f" [{type(error).__name__}: {error}]"
+                out.append(text)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamAnswer:
+    method: str
+    path: str
+    status: int
+    body: bytes | None
+    """None for streamed responses (lists over 2000 items, watches)."""
+
+
+@dataclass
+class UpstreamRecorder:
+    """Records every response of a :class:`FakeUpstream` (install before it starts serving)."""
+
+    answers: list[UpstreamAnswer] = field(default_factory=list)
+
+    def install(self, fake: FakeUpstream) -> None:
+        fake.app.on_response_prepare.append(self._record)
+
+    async def _record(self, request: web.Request, response: web.StreamResponse) -> None:
+        body = response.body if isinstance(response, web.Response) else None
+        self.answers.append(
+            UpstreamAnswer(
+                request.method,
+                request.path,
+                response.status,
+                body if isinstance(body, bytes) else None,
+            )
+        )
+
+
+def status_problem(*, status: int, content_type: str, body: bytes, method: str) -> str | None:
+    """None if ``body`` is a well-formed failure ``Status`` for ``status`` (JSON, or YAML when
+    the response is YAML, as the apiserver encodes errors in the negotiated format); HEAD
+    responses carry no body. Otherwise what is wrong with it."""
+    if method.upper() == "HEAD":
+        return None if not body else f"HEAD response with a {len(body)}-byte body"
+    media = content_type.split(";", 1)[0].strip().lower()
+    doc: Any
+    try:
+        if media == "application/json":
+            doc = json.loads(body)
+        elif media == "application/yaml":
+            doc = yaml.safe_load(body)
+        else:
+            return f"error body with Content-Type {content_type!r}: {body[:200]!r}"
+    except (ValueError, yaml.YAMLError) as e:
+        return f"error body is not {media}: {e}: {body[:200]!r}"
+    if not isinstance(doc, dict):
+        return f"error body is not an object: {body[:200]!r}"
+    wanted = {"kind": "Status", "apiVersion": "v1", "status": "Failure"}
+    wrong = {k: doc.get(k) for k, v in wanted.items() if doc.get(k) != v}
+    if wrong:
+        return f"not a failure Status ({wrong}): {body[:200]!r}"
+    if doc.get("code") != status:
+        return f"Status code {doc.get('code')!r} differs from the HTTP status {status}"
+    if not isinstance(doc.get("message", ""), str) or not isinstance(doc.get("reason", ""), str):
+        return f"Status message/reason of the wrong type: {body[:200]!r}"
+    return None
