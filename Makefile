@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml requirements.lock
 kcp:
 	@scripts/kcp/build.sh >/dev/null
 
-# Builds the Go test clients (clients/go) into ~/.cache/vwserver (see scripts/go/build.sh).
+# Builds the Go test clients (clients/go) and the example provider (clients/go/provider) into
+# ~/.cache/vwserver (see scripts/go/build.sh).
 go-clients:
-	@scripts/go/build.sh >/dev/null
+	@scripts/go/build.sh vwclient >/dev/null
+	@scripts/go/build.sh vwprovider >/dev/null
 
 run: setup
 	$(BIN)/python -m vwserver.devenv.demo

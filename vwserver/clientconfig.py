@@ -10,7 +10,10 @@ is error-prone, so this command derives the new file from the source context.
 What the output looks like: one cluster, one user, one context, all with the same name. CAs and
 client certificates are embedded (``*-data``, as ``kubectl config view --flatten`` does), so the
 file works wherever it is copied; a ``tokenFile`` stays a reference (made absolute), so a rotated
-token keeps working. The file is written with mode 0600 because it holds credentials.
+token keeps working, and so does an exec credential plugin (its stanza is copied, a relative
+command path made absolute). Contexts whose credentials cannot be written down (an
+auth-provider) are refused. The file is written with mode 0600 because it holds credentials.
+The source kubeconfig is read with kubernetes-asyncio (:mod:`vwserver.k8s.kubeconfig`).
 
 The functions above the "I/O" marker are pure, so the construction is unit-tested without a
 server; :func:`run` and its helpers below it read files, ask kcp and write the result.
@@ -31,11 +34,11 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from vwserver.config import LOGICAL_CLUSTER_RE, OBJECT_NAME_RE, WORKSPACE_RE
-from vwserver.controller.reconcile import ENDPOINT_PREFIX, GROUP, RESOURCE, VERSION
+from vwserver.config.base import LOGICAL_CLUSTER_RE, OBJECT_NAME_RE, WORKSPACE_RE
 from vwserver.errors import ConfigError, UpstreamUnavailable
 from vwserver.k8s.client import ApiError, KubeClient
-from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
+from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
+from vwserver.k8s.kubeconfig import ClientAuth, PluginToken, load_kubeconfig
 
 FETCH_TIMEOUT = 30.0
 
@@ -122,7 +125,7 @@ def default_name(endpoint: str, *, cluster: str) -> str:
     """``<slice name>`` for ``*``, ``<slice name>-<cluster>`` otherwise (``vwserver`` when the
     URL is not a vwserver slice URL)."""
     path = urlsplit(endpoint).path
-    _, found, rest = path.partition(ENDPOINT_PREFIX + "/")
+    _, found, rest = path.partition(SLICE_ENDPOINT_PREFIX + "/")
     segments = rest.split("/") if found else []
     base = segments[1] if len(segments) >= 2 and segments[1] else "vwserver"
     return base if cluster == "*" else f"{base}-{cluster}"
@@ -144,6 +147,14 @@ def build_kubeconfig(
         elif ca_pem is None and credentials.insecure_skip_tls_verify:
             cluster["insecure-skip-tls-verify"] = True
     user: dict[str, Any] = {}
+    provider = credentials.token_provider
+    if isinstance(provider, PluginToken) and provider.exec_config is not None:
+        user["exec"] = _portable_exec(provider.exec_config, base=provider.base_dir)
+    elif provider is not None:
+        raise ConfigError(
+            "--kubeconfig",
+            "the context's credentials come from an auth-provider; they cannot be copied",
+        )
     if credentials.token is not None:
         user["token"] = credentials.token
     if credentials.token_file is not None:
@@ -161,6 +172,16 @@ def build_kubeconfig(
     }
 
 
+def _portable_exec(exec_config: Mapping[str, Any], *, base: Path) -> dict[str, Any]:
+    """An exec stanza that works from anywhere: a command given as a relative path (one with a
+    separator, which kubectl resolves against the kubeconfig's directory) made absolute."""
+    stanza = dict(exec_config)
+    command = str(stanza.get("command", ""))
+    if os.sep in command and not os.path.isabs(command):
+        stanza["command"] = str((base / command).resolve())
+    return stanza
+
+
 def slice_path(source_server: str, *, name: str, workspace: str | None) -> str:
     """The API path of a FilteredAPIExportEndpointSlice (cluster-scoped) in ``workspace``, or in
     the workspace the source server URL names (``.../clusters/<workspace>``)."""
@@ -176,7 +197,7 @@ def slice_path(source_server: str, *, name: str, workspace: str | None) -> str:
             )
     if not WORKSPACE_RE.match(workspace):
         raise ConfigError("--workspace", f"{workspace!r} is not a workspace path or cluster ID")
-    return f"/clusters/{workspace}/apis/{GROUP}/{VERSION}/{RESOURCE}/{name}"
+    return SLICES.item(f"/clusters/{workspace}", None, name)
 
 
 def first_endpoint(obj: Mapping[str, Any], *, name: str) -> str:
@@ -223,12 +244,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None) -> None:
     endpoint: str | None = args.endpoint  # argparse: exactly one of --endpoint / --slice
     if endpoint is not None:
         cluster_server(endpoint, cluster=cluster)
-    credentials = _load_source(args.kubeconfig, context=args.context)
+    credentials, endpoint = asyncio.run(
+        _source_and_endpoint(args, endpoint=endpoint, slice_name=slice_name)
+    )
     ca_pem = _read_ca(args.certificate_authority) if args.certificate_authority else None
-    if endpoint is None:
-        assert slice_name is not None
-        path = slice_path(credentials.server, name=slice_name, workspace=args.workspace)
-        endpoint = first_endpoint(asyncio.run(_fetch(credentials, path)), name=slice_name)
     server = cluster_server(endpoint, cluster=cluster)
     name: str = args.name or default_name(endpoint, cluster=cluster)
     doc = build_kubeconfig(server=server, name=name, credentials=credentials, ca_pem=ca_pem)
@@ -246,12 +265,24 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None) -> None:
         raise ConfigError("--output", f"cannot write {output}: {e.strerror}") from e
 
 
-def _load_source(flag: Path | None, *, context: str | None) -> ClientAuth:
+async def _source_and_endpoint(
+    args: argparse.Namespace, *, endpoint: str | None, slice_name: str | None
+) -> tuple[ClientAuth, str]:
+    """The source credentials (an exec plugin runs on this loop) and the endpoint URL."""
+    credentials = await _load_source(args.kubeconfig, context=args.context)
+    if endpoint is None:
+        assert slice_name is not None  # argparse: exactly one of --endpoint / --slice
+        path = slice_path(credentials.server, name=slice_name, workspace=args.workspace)
+        endpoint = first_endpoint(await _fetch(credentials, path), name=slice_name)
+    return credentials, endpoint
+
+
+async def _load_source(flag: Path | None, *, context: str | None) -> ClientAuth:
     path = source_kubeconfig(flag, environ=os.environ).expanduser()
     if not path.is_file():
         raise ConfigError("--kubeconfig", f"{path} does not exist")
     try:
-        return load_kubeconfig(path.resolve(), context=context)
+        return await load_kubeconfig(path.resolve(), context=context)
     except ConfigError as e:
         which = "--context" if context and e.field.endswith(": contexts") else "--kubeconfig"
         raise ConfigError(which, str(e)) from e

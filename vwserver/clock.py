@@ -1,8 +1,9 @@
-"""Time, injectable: the syncer's waits (backoff, lease renewal, resync) all go through a Clock.
+"""Time, injectable: the control loops' waits (backoff, queue delays, lease renewal, resync) all
+go through a Clock.
 
 Retry and leader-election logic is only trustworthy if it is tested, and tests cannot wait for
-real 30-second backoffs or 15-second lease expiries (the backoff curve itself is the slice
-controller's :class:`vwserver.controller.informer.Backoff`). Everything that sleeps or reads the
+real 30-second backoffs or 15-second lease expiries (the backoff curve itself is
+:class:`vwserver.k8s.backoff.Backoff`). Everything that sleeps or reads the
 time takes a :class:`Clock`; production uses :class:`SystemClock`, tests a fake one that records the
 requested sleeps and advances instantly.
 """

@@ -25,14 +25,32 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
     │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
     │   └── BadGateway         502  upstream answered with something we cannot use
+    │       └── EventTooLarge       a watch event longer than vwserver.k8s.framing allows
+    ├── ApiError               an API server refused a request of vwserver's own client
+    │   │                      (vwserver.k8s.client): code, reason and message of its Status.
+    │   │                      Built only by :func:`api_error`, the class chosen by the code:
+    │   ├── ApiUnauthorized    401
+    │   ├── ApiForbidden       403
+    │   ├── ApiNotFound        404
+    │   ├── ApiConflict        409  a stale resourceVersion, or the object exists already
+    │   ├── ApiGone            410  the resourceVersion (or continue token) expired: relist
+    │   ├── ApiInvalid         422
+    │   ├── ApiTooManyRequests 429
+    │   └── ApiServerError     5xx (also: an answer that cannot be decoded, as 502)
     └── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
         │                      reported on the kcp object as a condition, never as a Status
         └── OwnershipError     a downstream object or namespace exists but is not this syncer's
+
+Request errors are what vwserver *answers*; API errors are what it is *answered* (by kcp or a
+downstream cluster) on its own calls: the two subtrees never mix, and an ``ApiError`` reaches a
+client only translated by whoever caught it. Branch on the class (``except ApiNotFound``), never
+on a numeric code.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 
 class VWServerError(Exception):
@@ -135,6 +153,90 @@ class UpstreamUnavailable(RequestError):
 class UpstreamUnreachable(UpstreamUnavailable):
     """The upstream did not answer (connection failed, timed out or broke). A 503 like a slice
     that is not ready, but the upstream's fault: ``vwserver_upstream_errors_total`` counts it."""
+
+
+class EventTooLarge(BadGateway):
+    """An upstream watch line grew past the bound of :mod:`vwserver.k8s.framing` without ending:
+    no Kubernetes watch event is that long, so the stream is unusable."""
+
+
+class ApiError(VWServerError):
+    """A non-2xx answer of an API server to vwserver's own client, with its Status' fields.
+
+    Construct it with :func:`api_error`, which picks the subclass for the code.
+    """
+
+    def __init__(self, *, code: int, reason: str = "", message: str = "", url: str = "") -> None:
+        super().__init__(f"{code} {reason or 'error'} from {url}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.url = url
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying later (server-side trouble, throttling, timeouts)."""
+        return self.code in (408, 429) or self.code >= 500
+
+
+class ApiUnauthorized(ApiError):
+    """401: the credentials are not accepted."""
+
+
+class ApiForbidden(ApiError):
+    """403: the identity may not do this (RBAC, or kcp's workspace and binding authorizers)."""
+
+
+class ApiNotFound(ApiError):
+    """404: no such object (or workspace)."""
+
+
+class ApiConflict(ApiError):
+    """409: the write's resourceVersion is stale, or the object to create exists already."""
+
+
+class ApiGone(ApiError):
+    """410: the resourceVersion (or continue token) is older than the server's history."""
+
+
+class ApiInvalid(ApiError):
+    """422: the object was refused by validation or admission."""
+
+
+class ApiTooManyRequests(ApiError):
+    """429: throttled; retry later."""
+
+
+class ApiServerError(ApiError):
+    """5xx: the server failed, or its answer could not be used (then 502)."""
+
+
+_API_ERRORS: dict[int, type[ApiError]] = {
+    401: ApiUnauthorized,
+    403: ApiForbidden,
+    404: ApiNotFound,
+    409: ApiConflict,
+    410: ApiGone,
+    422: ApiInvalid,
+    429: ApiTooManyRequests,
+}
+
+
+def api_error(
+    code: int, status: Mapping[str, Any] | None = None, *, url: str = "", body: bytes = b""
+) -> ApiError:
+    """The :class:`ApiError` for an HTTP ``code`` and the ``metav1.Status`` that came with it
+    (a decoded body or a watch ``ERROR`` event's object); ``body``: the raw answer, whose start
+    is the message when there is no Status."""
+    status = status or {}
+    cls = _API_ERRORS.get(code) or (ApiServerError if code >= 500 else ApiError)
+    message = status.get("message")
+    return cls(
+        code=code,
+        reason=str(status.get("reason") or ""),
+        message=str(message) if message is not None else body[:200].decode(errors="replace"),
+        url=url,
+    )
 
 
 class SyncError(VWServerError):

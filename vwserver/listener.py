@@ -49,6 +49,12 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 
+from vwserver.config.base import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+)
 from vwserver.k8s.status import status_body
 from vwserver.logs import scrub_aiohttp_logs
 from vwserver.metrics import ServerMetrics
@@ -63,11 +69,6 @@ MAX_HEADERS = 100
 """Header lines per request; clients send about ten."""
 MAX_HEAD_BYTES = 64 * 1024
 """Bytes of a whole request head, also when it is sent slowly."""
-
-DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_BODY_TIMEOUT = 60.0
-DEFAULT_IDLE_TIMEOUT = 90.0
-DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 256
 
 RETRY_AFTER_SECONDS = 5
 

@@ -1,4 +1,5 @@
-"""Log output of ``vwserver serve``: one JSON object per line (``logFormat: json``) or text.
+"""Log output of ``vwserver serve`` and ``vwserver sync`` (:func:`configure_logging`, from each
+file's ``logLevel``/``logFormat``): one JSON object per line (``logFormat: json``) or text.
 
 Why JSON: in a cluster the logs go to a collector that indexes fields, so the request line
 (:data:`ACCESS_LOGGER`, written by :mod:`vwserver.proxy.handler`) carries slice, verb, user, code,

@@ -1,5 +1,11 @@
 """Assemble the aiohttp application: health endpoints, ``/metrics`` and the filtering proxy.
 
+The health and metrics endpoints are :mod:`vwserver.health`'s, as ``vwserver sync`` serves them;
+the upstream credentials come from the configuration (:func:`upstream_auth`: a kubeconfig — exec
+plugins included —, the pod's ServiceAccount, or explicit files; :mod:`vwserver.k8s.kubeconfig`).
+Every slice request passes the :class:`~vwserver.auth.guard.Gate` given to :func:`build_app`;
+there is no default (``NoAuth`` exists for tests and must be asked for by name).
+
 Nothing here is global: :func:`build_app` wires the pieces it is given, so tests build as many
 independent servers as they like (against fake or real upstreams) and ``serve`` builds one.
 ``serve`` listens through :mod:`vwserver.listener` (plain HTTP and TLS alike): bounded request
@@ -25,25 +31,26 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from vwserver.auth.access import AccessReviewer
-from vwserver.auth.guard import AuthMode, Guard
+from vwserver.auth.guard import AuthMode, Gate, Guard
 from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
 from vwserver.auth.tokens import TokenReviewer
 from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
-from vwserver.controller.controller import ControllerSettings, SliceController
+from vwserver.config.base import client_auth
+from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.errors import ConfigError
+from vwserver.health import add_health_routes
 from vwserver.k8s.client import KubeClient
-from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
+from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR, ClientAuth
 from vwserver.k8s.lease import LeaderElector
-from vwserver.listener import listening
-from vwserver.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vwserver.listener import ConnectionLimits, listening
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.handler import ProxyHandler, record_headers_sent
 from vwserver.proxy.paths import PREFIX
@@ -78,17 +85,18 @@ def build_app(
     *,
     routes: Routes,
     upstream: UpstreamClient,
+    guard: Gate,
     page_size: int = 500,
     ready: Callable[[], bool] | None = None,
-    guard: Guard | None = None,
     metrics: ServerMetrics | None = None,
     metrics_path: str | None = "/metrics",
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
     list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
-    slice request (None: no checks, for tests); health endpoints and ``metrics_path`` (None: not
-    served) are always open. ``metrics`` is where the proxy counts (default: a new registry);
-    the app keeps it and its :class:`Lifecycle` under :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`.
+    slice request (required: ``NoAuth`` for tests that want none); health endpoints and
+    ``metrics_path`` (None: not served) are always open. ``metrics`` is where the proxy counts
+    (default: a new registry); the app keeps it and its :class:`Lifecycle` under
+    :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`.
     """
     metrics = metrics if metrics is not None else ServerMetrics()
     lifecycle = Lifecycle()
@@ -105,40 +113,19 @@ def build_app(
         closing=lifecycle.closing,
         guard=guard,
     )
-    for path in ("/healthz", "/livez"):
-        app.router.add_get(path, _ok)
-    app.router.add_get("/readyz", _readyz(ready, draining=lifecycle.draining))
-    if metrics_path is not None:
-        app.router.add_get(metrics_path, _metrics(metrics))
+
+    def problems() -> list[str]:
+        if lifecycle.draining.is_set():
+            return ["shutting down"]
+        if ready is not None and not ready():
+            return ["slices not synced yet"]
+        return []
+
+    add_health_routes(app, problems=problems, metrics=metrics.render, metrics_path=metrics_path)
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.on_response_prepare.append(record_headers_sent)
     app.cleanup_ctx.append(_upstream_lifecycle)
     return app
-
-
-async def _ok(_: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-def _readyz(
-    ready: Callable[[], bool] | None, *, draining: asyncio.Event
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def readyz(_: web.Request) -> web.Response:
-        if draining.is_set():
-            return web.Response(status=503, text="not ready: shutting down")
-        if ready is not None and not ready():
-            return web.Response(status=503, text="not ready: slices not synced yet")
-        return web.Response(text="ok")
-
-    return readyz
-
-
-def _metrics(metrics: ServerMetrics) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def render(_: web.Request) -> web.Response:
-        # Content-Type as a header: web.Response's content_type refuses parameters (version=).
-        return web.Response(body=metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
-
-    return render
 
 
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -148,11 +135,15 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await upstream.close()
 
 
-def upstream_auth(config: Config, *, base_dir: Path) -> ClientAuth:
+async def upstream_auth(
+    config: Config, *, base_dir: Path, service_account_dir: Path = SERVICE_ACCOUNT_DIR
+) -> ClientAuth:
+    """vwserver's own credentials towards kcp (``service_account_dir``: for tests)."""
     up = config.upstream
-    if up.kubeconfig is not None:
-        return load_kubeconfig(resolve(up.kubeconfig, base=base_dir), context=up.context)
-    assert up.server is not None
+    if up.server is None:
+        return await client_auth(
+            up, field="$.upstream", base=base_dir, service_account_dir=service_account_dir
+        )
     return ClientAuth(
         server=up.server.rstrip("/"),
         ca_pem=resolve(up.ca_file, base=base_dir).read_text() if up.ca_file else None,
@@ -193,6 +184,16 @@ def _origin(server: str) -> str:
     """scheme://host:port of a kubeconfig server URL (which may end in /clusters/<ws>)."""
     scheme, _, rest = server.partition("://")
     return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+def connection_limits(config: Config) -> ConnectionLimits:
+    c = config.connections
+    return ConnectionLimits(
+        header_timeout=c.header_timeout_seconds,
+        body_timeout=c.body_timeout_seconds,
+        idle_timeout=c.idle_timeout_seconds,
+        max_connections_per_client=c.max_connections_per_client,
+    )
 
 
 def serving_tls(config: Config, *, base_dir: Path) -> ServingTLS | None:
@@ -240,10 +241,12 @@ async def serve(
     base_dir: Path,
     stop: asyncio.Event,
     tls_reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
 ) -> None:
     """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set, then
-    shut down gracefully (see the module docstring)."""
-    auth = upstream_auth(config, base_dir=base_dir)
+    shut down gracefully (see the module docstring). ``service_account_dir``: for tests of
+    ``upstream.inCluster``."""
+    auth = await upstream_auth(config, base_dir=base_dir, service_account_dir=service_account_dir)
     static = static_routes(config, auth=auth)
     routes = Routes(static)
     metrics = ServerMetrics()
@@ -338,7 +341,7 @@ async def _run_site(
         app,
         config.listen.host,
         config.listen.port,
-        limits=config.connections.limits(),
+        limits=connection_limits(config),
         ssl_context=tls.context if tls is not None else None,
         metrics=app[METRICS_KEY],
         shutdown_timeout=config.shutdown_grace_period_seconds,

@@ -16,7 +16,7 @@ from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 SLICE = "prod"
 SELECTOR = Selector.parse("env=prod")
@@ -53,7 +53,7 @@ class Pair:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def pair(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Pair]:
-    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
             [
@@ -67,7 +67,7 @@ async def pair(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Pair]:
         )
     )
     # A small page size: unpaged lists through the slice are then assembled from many pages.
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3)
+    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3, guard=NO_AUTH)
     connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
     async with (
         serve_app(app) as base,

@@ -1,9 +1,11 @@
-"""The Go test clients (``clients/go``, built by ``scripts/go/build.sh``) for the e2e tests.
+"""The Go binaries for the e2e tests, built by ``scripts/go/build.sh``: ``vwclient`` (the test
+clients, ``clients/go``) and ``vwprovider`` (the example provider on multicluster-runtime,
+``clients/go/provider``).
 
-Built once per session when collection finishes (like kcp in ``tests/conftest.py``), so a first
-build of a few minutes is not cut off by a test's timeout; later runs reuse the cached binary.
-Without Go (or when the build fails) the tests that need the clients skip, or fail with
-``CI=true``.
+Each is built once per session when collection finishes (like kcp in ``tests/conftest.py``), and
+only if a collected test uses its fixture, so a first build of a few minutes is not cut off by a
+test's timeout; later runs reuse the cached binary. Without Go (or when the build fails) the
+tests that need a binary skip, or fail with ``CI=true``.
 """
 
 from __future__ import annotations
@@ -18,20 +20,25 @@ import pytest
 from vwserver.devenv.kcp import REPO_ROOT
 
 GO_BUILD_SCRIPT = REPO_ROOT / "scripts" / "go" / "build.sh"
-_GO_CLIENTS_KEY = pytest.StashKey[Path | str]()  # the binary, or why there is none
+# fixture name -> (binary, where the build's result is kept: the binary, or why there is none)
+_BINARIES = {
+    "go_clients": ("vwclient", pytest.StashKey[Path | str]()),
+    "go_provider": ("vwprovider", pytest.StashKey[Path | str]()),
+}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("go_clients" in getattr(item, "fixturenames", ()) for item in session.items):
-        session.config.stash[_GO_CLIENTS_KEY] = _build_go_clients()
+    for fixture, (binary, key) in _BINARIES.items():
+        if any(fixture in getattr(item, "fixturenames", ()) for item in session.items):
+            session.config.stash[key] = _build(binary)
 
 
-def _build_go_clients() -> Path | str:
+def _build(binary: str) -> Path | str:
     if shutil.which("go") is None:
-        return "no go command on PATH (the Go test clients are built from source)"
+        return f"no go command on PATH ({binary} is built from source)"
     try:
         done = subprocess.run(
-            [str(GO_BUILD_SCRIPT)],
+            [str(GO_BUILD_SCRIPT), binary],
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -39,19 +46,32 @@ def _build_go_clients() -> Path | str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"cannot build the Go test clients: {e}"
+        return f"cannot build {binary}: {e}"
     lines = done.stdout.split()
     if done.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        return f"{GO_BUILD_SCRIPT} failed with exit code {done.returncode} (see its stderr)"
+        return (
+            f"{GO_BUILD_SCRIPT} {binary} failed with exit code {done.returncode} (see its stderr)"
+        )
     return Path(lines[-1])
+
+
+def _binary(request: pytest.FixtureRequest, fixture: str) -> Path:
+    name, key = _BINARIES[fixture]
+    binary = request.config.stash.get(key, f"the {name} build did not run")
+    if isinstance(binary, str):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and no {name}: {binary}", pytrace=False)
+        pytest.skip(binary)
+    return binary
 
 
 @pytest.fixture(scope="session")
 def go_clients(request: pytest.FixtureRequest) -> Path:
     """The ``vwclient`` binary (subcommands ``informer`` and ``reconciler``)."""
-    binary = request.config.stash.get(_GO_CLIENTS_KEY, "Go client build did not run")
-    if isinstance(binary, str):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and no Go test clients: {binary}", pytrace=False)
-        pytest.skip(binary)
-    return binary
+    return _binary(request, "go_clients")
+
+
+@pytest.fixture(scope="session")
+def go_provider(request: pytest.FixtureRequest) -> Path:
+    """The ``vwprovider`` binary (the example provider controller through a slice)."""
+    return _binary(request, "go_provider")

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vwserver.auth.guard import Guard
-from vwserver.controller.controller import ControllerSettings, SliceController
-from vwserver.controller.informer import Backoff
+from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.devenv.bootstrap import (
     Bootstrap,
     Workspace,
@@ -28,12 +28,13 @@ from vwserver.devenv.bootstrap import (
 )
 from vwserver.devenv.kcp import KcpInstance
 from vwserver.devenv.slices import bind_api, install_api, slice_manifest
+from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 API_WS = "vwserver-api"
 T = TypeVar("T")
@@ -106,13 +107,15 @@ async def serving(
     bind_in: Sequence[Workspace],
     resync: float,
     guard: Callable[[KubeClient], Guard] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
-    slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it)."""
+    slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
+    ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https)."""
     api_ws = await install_api(kcp, workspace=API_WS)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
-    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes()
     async with KubeClient(auth=auth) as client:
         holder: dict[str, SliceController] = {}
@@ -120,9 +123,9 @@ async def serving(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
             ready=lambda: "c" in holder and holder["c"].synced.is_set(),
-            guard=guard(client) if guard is not None else None,
+            guard=guard(client) if guard is not None else NO_AUTH,
         )
-        async with serve_app(app) as base:
+        async with serve_app(app, ssl_context=ssl_context) as base:
             controller = SliceController(
                 client=client,
                 routes=routes,

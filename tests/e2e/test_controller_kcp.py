@@ -206,7 +206,7 @@ async def test_deleting_a_slice_stops_serving_and_ends_watches(served: Served) -
 
 async def test_lease_in_a_kcp_workspace(served: Served) -> None:
     """Two replicas: exactly one holds the Lease (issue #4 §5), in the API's workspace."""
-    auth = load_kubeconfig(served.kcp.kubeconfig, context=served.kcp.admin_context)
+    auth = await load_kubeconfig(served.kcp.kubeconfig, context=served.kcp.admin_context)
     async with KubeClient(auth=auth) as client:
         name = unique("lease")
         a, b = (

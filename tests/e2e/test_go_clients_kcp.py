@@ -36,7 +36,7 @@ from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ class Proxy:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
-    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
             Route(
@@ -86,7 +86,7 @@ async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
         )
     )
     # A small page size: the informer's LIST (watch-list off) is paged upstream by the proxy.
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=10)
+    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=10, guard=NO_AUTH)
     async with serve_app(app) as base:
         yield Proxy(base, world)
 

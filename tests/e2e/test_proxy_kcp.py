@@ -13,20 +13,24 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest_asyncio
 import yaml
 
+from tests.e2e.credentials import admin_token, exec_runs, write_exec_kubeconfig
+from vwserver.config import parse_config
 from vwserver.devenv.bootstrap import Bootstrap, Workspace
-from vwserver.devenv.kcp import KcpInstance, KubectlResult
+from vwserver.devenv.kcp import KcpInstance, KubectlResult, free_ports
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
-from vwserver.server import build_app
+from vwserver.server import build_app, serve
 from vwserver.testing.kubectl import JsonStream
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 EVENT_TIMEOUT = 20.0
 
@@ -58,7 +62,7 @@ class Proxy:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
-    auth = load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
             Route(
@@ -70,7 +74,7 @@ async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
             for env in ("prod", "dev")
         )
     )
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3)
+    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3, guard=NO_AUTH)
     async with serve_app(app) as base:
         yield Proxy(base, kcp, world)
 
@@ -283,3 +287,54 @@ async def test_wildcard_writes_are_405_and_apibindings_read_only(
     bindings = await proxy.kubectl("prod", "*", "get", "apibindings", "-o", "json")
     names = {i["metadata"]["name"] for i in json.loads(bindings.stdout)["items"]}
     assert names
+
+
+async def test_serve_with_an_exec_plugin_kubeconfig(
+    kcp: KcpInstance, world: Bootstrap, tmp_path: Path
+) -> None:
+    """``vwserver serve`` whose ``upstream.kubeconfig`` gets vwserver's kcp credentials from an
+    exec plugin: the plugin runs, reviews and slice reads go through with its token."""
+    kubeconfig = write_exec_kubeconfig(kcp, server=kcp.url, directory=tmp_path)
+    (port,) = free_ports(1)
+    raw = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "insecureServing": True,
+        "upstream": {"kubeconfig": kubeconfig.name},
+        "slices": [
+            {
+                "cluster": world.provider.cluster,
+                "name": "exec-prod",
+                "upstreamURL": world.vw_url,
+                "selector": {"matchLabels": {"env": "prod"}},
+            }
+        ],
+    }
+    config = parse_config(raw, base_dir=tmp_path)
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(config, base_dir=tmp_path, stop=stop))
+    base = f"http://127.0.0.1:{port}"
+    url = (
+        f"{base}/services/filtered-apiexport/{world.provider.cluster}/exec-prod/clusters/*/"
+        f"{world.api_path}/{world.resource}"
+    )
+    headers = {"Authorization": f"Bearer {admin_token(kcp)}"}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                assert not server.done(), server.exception()
+                try:
+                    async with session.get(f"{base}/readyz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.1)
+            async with session.get(url, headers=headers) as r:
+                assert r.status == 200, await r.text()
+                items = (await r.json())["items"]
+        assert items
+        assert all(i["metadata"]["labels"]["env"] == "prod" for i in items)
+        assert exec_runs(tmp_path) >= 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 30)

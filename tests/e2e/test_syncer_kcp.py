@@ -30,6 +30,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from tests.e2e.credentials import (
+    exec_runs,
+    in_cluster,
+    service_account_token,
+    write_exec_kubeconfig,
+)
 from vwserver.devenv.bootstrap import (
     Workspace,
     apply_retrying,
@@ -51,7 +57,7 @@ from vwserver.syncer.naming import (
     finalizer,
 )
 from vwserver.syncer.runner import Syncer
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "config" / "syncer"
@@ -142,8 +148,15 @@ class SyncWorld:
             )
             await self.delete(url)
 
-    def syncer_config(self, name: str, *, urls: list[str] | None = None, **extra: Any) -> Any:
-        upstream: dict[str, Any] = {"kubeconfig": "kcp.kubeconfig"}
+    def syncer_config(
+        self,
+        name: str,
+        *,
+        urls: list[str] | None = None,
+        upstream_kubeconfig: str = "kcp.kubeconfig",
+        **extra: Any,
+    ) -> Any:
+        upstream: dict[str, Any] = {"kubeconfig": upstream_kubeconfig}
         if urls is not None:
             upstream["urls"] = urls
         else:
@@ -390,10 +403,17 @@ async def env(
 
 @contextlib.asynccontextmanager
 async def running(
-    env: SyncWorld, config: Any, *, identity: str | None = None, wait_synced: bool = True
+    env: SyncWorld,
+    config: Any,
+    *,
+    identity: str | None = None,
+    wait_synced: bool = True,
+    service_account_dir: Path | None = None,
 ) -> AsyncIterator[Syncer]:
-    """A syncer running in-process until the block ends (stopped gracefully, checked)."""
-    syncer = Syncer(config, base_dir=env.dir, identity=identity)
+    """A syncer running in-process until the block ends (stopped gracefully, checked);
+    ``service_account_dir``: where ``inCluster`` reads the ServiceAccount."""
+    more = {} if service_account_dir is None else {"service_account_dir": service_account_dir}
+    syncer = Syncer(config, base_dir=env.dir, identity=identity, **more)
     stop = asyncio.Event()
     task = asyncio.create_task(syncer.run(stop), name=f"syncer {config.name}")
     try:
@@ -605,7 +625,7 @@ async def _absent(env: SyncWorld, url: str) -> bool:
 @pytest_asyncio.fixture(loop_scope="session")
 async def region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
     """vwserver's proxy in front of the export: slices ``eu`` (region=eu) and ``us``."""
-    auth = load_kubeconfig(env.kcp.kubeconfig, context=env.kcp.admin_context)
+    auth = await load_kubeconfig(env.kcp.kubeconfig, context=env.kcp.admin_context)
     routes = Routes(
         RouteTable(
             Route(
@@ -617,7 +637,7 @@ async def region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
             for region in ("eu", "us")
         )
     )
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth))
+    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), guard=NO_AUTH)
     async with serve_app(app) as base:
         yield {
             region: f"{base}/services/filtered-apiexport/{env.provider.cluster}/{region}"
@@ -873,3 +893,46 @@ async def test_leader_election_one_writer_and_takeover(env: SyncWorld) -> None:
 
 async def _value(value: bool) -> bool:
     return value
+
+
+# --------------------------------------------------------------------------------------------
+# Credentials as deployments have them: in-cluster ServiceAccount, exec plugins
+
+
+async def _round_trip(env: SyncWorld, ws: Workspace, prefix: str) -> None:
+    """An object goes down, its status comes up, deleting it cleans up both sides."""
+    name = unique(prefix)
+    await env.create(ws, name)
+    await eventually("downstream copy", lambda: downstream_copy(env, ws, name))
+    await eventually("status up", lambda: upstream_status(env, ws, name, phase="Running"))
+    await env.delete(env.up_url(ws, "default", name))
+    await eventually("gone", lambda: _gone(env, ws, name))
+
+
+async def test_in_cluster_downstream(
+    env: SyncWorld, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The syncer as a Deployment in its downstream cluster: ``downstream: {inCluster: true}``,
+    i.e. ``KUBERNETES_SERVICE_HOST``/``_PORT`` and a ServiceAccount token and CA on disk. Every
+    downstream request (objects, namespaces, the Lease) carries the ServiceAccount's token."""
+    token = await service_account_token(env.kcp, workspace_url=env.downstream.url, name="syncer")
+    async with in_cluster(
+        env.kcp, workspace_url=env.downstream.url, token=token, directory=tmp_path
+    ) as pod:
+        for key, value in pod.environ.items():
+            monkeypatch.setenv(key, value)
+        config = env.syncer_config("main", downstream={"inCluster": True})
+        async with running(env, config, service_account_dir=pod.service_account_dir):
+            await _round_trip(env, env.consumers["a"], "incluster")
+    assert pod.seen_tokens, "the syncer never reached the in-cluster API server"
+    assert set(pod.seen_tokens) == {token}
+
+
+async def test_exec_plugin_upstream(env: SyncWorld) -> None:
+    """kcp credentials from an exec plugin (as OIDC helpers and cloud CLIs give them)."""
+    write_exec_kubeconfig(env.kcp, server=env.kcp.url, directory=env.dir)
+    config = env.syncer_config("main", upstream_kubeconfig="exec.kubeconfig")
+    before = exec_runs(env.dir)
+    async with running(env, config):
+        await _round_trip(env, env.consumers["b"], "exec")
+    assert exec_runs(env.dir) > before

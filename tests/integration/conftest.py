@@ -16,7 +16,7 @@ from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 SLICE_CLUSTER = "slicews"
 CLUSTERS = ("c1", "c2")
@@ -106,6 +106,7 @@ async def env() -> AsyncIterator[Env]:
             routes=routes,
             upstream=UpstreamClient(auth=ClientAuth(server=origin, token=PROXY_TOKEN)),
             page_size=2,
+            guard=NO_AUTH,
         )
         async with (
             serve_app(app) as proxy,

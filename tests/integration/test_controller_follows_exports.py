@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from vwserver.controller.controller import ControllerSettings, SliceController
-from vwserver.controller.informer import Backoff
+from vwserver.controller.slices import ControllerSettings, SliceController
+from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.routes import Route, Routes

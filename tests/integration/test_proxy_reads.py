@@ -17,7 +17,7 @@ from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 PARTIAL = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
@@ -441,6 +441,7 @@ async def test_list_broken_mid_stream_is_not_a_short_list() -> None:
             routes=Routes(RouteTable([route])),
             upstream=UpstreamClient(auth=ClientAuth(server=up_base)),
             page_size=1,
+            guard=NO_AUTH,
         )
         async with serve_app(app) as proxy, aiohttp.ClientSession() as session:
             url = (

@@ -21,7 +21,7 @@ from vwserver.routes import Routes
 from vwserver.server import build_app
 from vwserver.testing.fake_auth import FakeAuth
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import serve_app
+from vwserver.testing.serve import NO_AUTH, serve_app
 
 from .conftest import widget
 
@@ -128,6 +128,7 @@ async def test_readyz_follows_the_ready_callback() -> None:
         routes=Routes(),
         upstream=UpstreamClient(auth=ClientAuth(server="http://127.0.0.1:1")),
         ready=lambda: state["ready"],
+        guard=NO_AUTH,
     )
     async with serve_app(app) as base, aiohttp.ClientSession() as s:
         async with s.get(base + "/readyz") as r:

@@ -36,6 +36,7 @@ from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import METRICS_KEY, build_app
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from vwserver.testing.serve import NO_AUTH
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.5
@@ -96,6 +97,7 @@ async def target(
             upstream=UpstreamClient(
                 auth=ClientAuth(server=vw_url.removesuffix(fake.base_path), token=PROXY_TOKEN)
             ),
+            guard=NO_AUTH,
         )
         bounds = ConnectionLimits(
             header_timeout=header_timeout,

@@ -19,7 +19,14 @@ from aiohttp.test_utils import make_mocked_request
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.cache import TTLCache
 from vwserver.auth.certs import identity_from_peercert
-from vwserver.auth.guard import AuthMode, Guard, bearer_token
+from vwserver.auth.guard import (
+    NO_AUTH_ACKNOWLEDGEMENT,
+    NO_AUTH_USER,
+    AuthMode,
+    Guard,
+    NoAuth,
+    bearer_token,
+)
 from vwserver.auth.identity import Identity
 from vwserver.auth.tokens import TokenReviewer
 from vwserver.errors import BadGateway, Forbidden, Unauthorized, UpstreamUnavailable
@@ -382,3 +389,33 @@ async def test_passthrough_forwards_the_token_and_needs_one(world: World) -> Non
     await passthrough.admit(request, slice_cluster=SLICE_CLUSTER, slice_name="a", verb="get")
     assert passthrough.upstream_token(request) == "alice-token"
     assert world.guard.upstream_token(request) is None
+
+
+# ----------------------------------------------------------------------------- the named seam
+
+
+async def test_no_auth_is_asked_for_by_name_and_admits_everyone() -> None:
+    """No authentication is a type of its own that demands its acknowledgement word for word;
+    the app has no default guard."""
+    with pytest.raises(ValueError, match="acknowledge"):
+        NoAuth(acknowledge="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        NoAuth()  # type: ignore[call-arg]
+    gate = NoAuth(acknowledge=NO_AUTH_ACKNOWLEDGEMENT)
+    request = make_mocked_request("GET", "/")
+    identity = await gate.authenticate(request, cluster="c")
+    assert identity.user == NO_AUTH_USER
+    await gate.authorize(identity, slice_cluster="c", slice_name="s", verb="delete")
+    assert gate.mode is AuthMode.DELEGATED
+    assert gate.upstream_token(request) is None
+
+
+def test_build_app_requires_a_guard() -> None:
+    from vwserver.proxy.upstream import UpstreamClient
+    from vwserver.routes import Routes
+    from vwserver.server import build_app
+
+    with pytest.raises(TypeError, match="guard"):
+        build_app(  # type: ignore[call-arg]
+            routes=Routes(), upstream=UpstreamClient(auth=ClientAuth(server="http://x"))
+        )

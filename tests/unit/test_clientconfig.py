@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import stat
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from vwserver.clientconfig import (
     source_kubeconfig,
 )
 from vwserver.errors import ConfigError
-from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.k8s.kubeconfig import ClientAuth, PluginToken, ServiceAccountToken
 
 SLICE = "https://vw.example.com/services/filtered-apiexport/2fx3m0rnxzbs8mq9/prod"
 SLICE_API = "apis/sync.edge-connect.eu/v1alpha1/filteredapiexportendpointslices"
@@ -301,3 +303,50 @@ def test_errors_are_one_line_naming_the_flag_exit_2(
     assert err.count("\n") == 1, err
     assert err.startswith("vwserver kubeconfig: ")
     assert message in err
+
+
+def test_an_exec_plugin_is_copied_with_an_absolute_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Credentials from an exec plugin stay the plugin's: its stanza is copied, so kubectl runs
+    it for the slice too (a relative command path made absolute)."""
+    plugin = tmp_path / "get-token"
+    plugin.write_text(
+        f"#!{sys.executable}\nimport json\nprint(json.dumps({{'apiVersion': "
+        "'client.authentication.k8s.io/v1', 'kind': 'ExecCredential', "
+        "'status': {'token': 'from-plugin'}}))\n"
+    )
+    plugin.chmod(0o755)
+    stanza = {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
+    source = tmp_path / "kcp.kubeconfig"
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "k", "cluster": {"server": "https://kcp:6443"}}],
+                "users": [{"name": "p", "user": {"exec": stanza}}],
+                "contexts": [{"name": "p", "context": {"cluster": "k", "user": "p"}}],
+                "current-context": "p",
+            }
+        )
+    )
+    assert main(["kubeconfig", "--endpoint", SLICE, "--kubeconfig", str(source)]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert doc["users"] == [{"name": "prod", "user": {"exec": stanza}}]
+
+    loaded = SimpleNamespace(api_key={"BearerToken": "Bearer t"})
+    relative = PluginToken(
+        SimpleNamespace(),  # type: ignore[arg-type]
+        loaded,
+        exec_config={**stanza, "command": "bin/get-token"},
+        base_dir=tmp_path,
+    )
+    user = build_kubeconfig(
+        server="https://vw",
+        name="n",
+        credentials=ClientAuth(server="https://kcp", token_provider=relative),
+        ca_pem=None,
+    )["users"][0]["user"]
+    assert user == {"exec": {**stanza, "command": str(tmp_path / "bin" / "get-token")}}
+    in_cluster = ClientAuth(server="https://kcp", token_provider=ServiceAccountToken(loaded))
+    with pytest.raises(ConfigError, match="cannot be copied"):
+        build_kubeconfig(server="https://vw", name="n", credentials=in_cluster, ca_pem=None)

@@ -69,6 +69,21 @@ def test_good_config_loads(tmp_path: Path) -> None:
         (lambda d: d.update(lisen={"port": 1}), "lisen", "unknown field"),
         (lambda d: d.pop("insecureServing"), "$.tls", "required"),
         (lambda d: d.update(upstream={}), "$.upstream", "either"),
+        (
+            lambda d: d.update(upstream={"kubeconfig": "kcp.kubeconfig", "inCluster": True}),
+            "$.upstream",
+            "mutually exclusive",
+        ),
+        (
+            lambda d: d.update(upstream={"server": "https://kcp", "inCluster": True}),
+            "$.upstream",
+            "mutually exclusive",
+        ),
+        (
+            lambda d: d.update(upstream={"inCluster": True, "context": "x"}),
+            "$.upstream.context",
+            "only meaningful with kubeconfig",
+        ),
         (lambda d: d.update(upstream={"kubeconfig": "nope"}), "$.upstream.kubeconfig", "exist"),
         (lambda d: d["slices"].append(d["slices"][0]), "$.slices[1]", "duplicate"),
         (lambda d: d.update(auth={"mode": "none"}), "$.auth.mode", "Invalid enum value"),
@@ -178,3 +193,30 @@ def test_cli_help_and_example_config() -> None:
     from vwserver.config import Config
 
     msgspec.convert(raw, Config)
+
+
+def test_upstream_in_cluster(tmp_path: Path) -> None:
+    doc = good()
+    doc["upstream"] = {"inCluster": True}
+    up = load_config(write(tmp_path, doc)).upstream
+    assert up.in_cluster and up.kubeconfig is None and up.server is None
+
+
+async def test_upstream_in_cluster_reads_the_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trustme
+
+    from vwserver.server import upstream_auth
+
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    trustme.CA().cert_pem.write_to_path(str(sa / "ca.crt"))
+    (sa / "token").write_text("sa-token")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    doc = good()
+    doc["upstream"] = {"inCluster": True}
+    config = load_config(write(tmp_path, doc))
+    auth = await upstream_auth(config, base_dir=tmp_path, service_account_dir=sa)
+    assert (auth.server, auth.bearer_token()) == ("https://127.0.0.1:6443", "sa-token")

@@ -120,6 +120,21 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
         ({"leaderElection": {"renewDeadlineSeconds": 20}}, "$.leaderElection"),
         ({"health": {"port": 70000}}, "$.health.port"),
         ({"logLevel": "loud"}, "$.logLevel"),
+        ({"logFormat": "xml"}, "$.logFormat"),
+        ({"downstream": {}}, "$.downstream"),
+        ({"downstream": {"kubeconfig": "cluster.kubeconfig", "inCluster": True}}, "$.downstream"),
+        ({"downstream": {"inCluster": True, "context": "c"}}, "$.downstream.context"),
+        ({"downstream": {"inCluster": "yes"}}, "$.downstream.inCluster"),
+        (
+            {
+                "upstream": {
+                    "inCluster": True,
+                    "kubeconfig": "kcp.kubeconfig",
+                    "urls": ["https://v"],
+                }
+            },
+            "$.upstream",
+        ),
     ],
 )
 def test_errors_name_the_field(base: Path, change: dict[str, Any], field: str) -> None:
@@ -140,3 +155,29 @@ def test_cli_check_and_one_line_errors(base: Path, capsys: pytest.CaptureFixture
     assert main(["sync", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err == "vwserver sync: invalid configuration: $.workers: must be at least 1\n"
+
+
+def test_in_cluster_and_json_logs(base: Path) -> None:
+    """A syncer running as a Deployment in its downstream cluster: the pod's ServiceAccount
+    there (and JSON logs, as ``serve`` has them)."""
+    config = parse_syncer_config(
+        minimal(downstream={"inCluster": True}, logFormat="json"), base_dir=base
+    )
+    assert config.downstream.in_cluster and config.downstream.kubeconfig is None
+    assert config.log_format == "json"
+    assert parse_syncer_config(minimal(), base_dir=base).log_format == "text"
+
+
+async def test_in_cluster_without_a_service_account_names_the_field(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vwserver.config.base import client_auth
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    config = parse_syncer_config(minimal(downstream={"inCluster": True}), base_dir=base)
+    with pytest.raises(ConfigError) as info:
+        await client_auth(
+            config.downstream, field="$.downstream", base=base, service_account_dir=base
+        )
+    assert info.value.field == "$.downstream.inCluster"
+    assert "KUBERNETES" in str(info.value) or "host/port" in str(info.value)

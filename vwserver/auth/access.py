@@ -24,15 +24,13 @@ from dataclasses import dataclass
 from vwserver.auth.cache import Clock, TTLCache
 from vwserver.auth.identity import Identity
 from vwserver.auth.reviews import post_review, review_allows
+from vwserver.config.base import DEFAULT_ALLOW_TTL, DEFAULT_DENY_TTL, DEFAULT_MAX_ENTRIES
 from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kcp import SLICES
 
-CONTENT_GROUP = "sync.edge-connect.eu"
-CONTENT_RESOURCE = "filteredapiexportendpointslices"
+CONTENT_GROUP = SLICES.group
+CONTENT_RESOURCE = SLICES.resource
 CONTENT_SUBRESOURCE = "content"
-
-DEFAULT_ALLOW_TTL = 120.0
-DEFAULT_DENY_TTL = 10.0
-DEFAULT_MAX_ENTRIES = 10_000
 
 _Key = tuple[Identity, str, str, str]
 

@@ -24,12 +24,19 @@ Modes (``auth.mode``):
 
 In both modes the client's ``Authorization``, ``Impersonate-*`` and ``X-Remote-*`` headers are
 never forwarded (the upstream client sends an allow-list of headers).
+
+The proxy takes a :class:`Gate` and has no default: :class:`Guard` is the real one, and
+:class:`NoAuth` — every caller may use every slice — is a type of its own that cannot be made by
+accident: its constructor demands the literal :data:`NO_AUTH_ACKNOWLEDGEMENT`. Only tests (and
+benchmarks of the proxy itself) construct it; ``vwserver serve`` always builds a :class:`Guard`,
+``insecureServing`` included (plain HTTP is not "no authentication").
 """
 
 from __future__ import annotations
 
 import logging
 from enum import StrEnum
+from typing import Final, Literal, Protocol
 
 from aiohttp import web
 
@@ -45,6 +52,29 @@ log = logging.getLogger(__name__)
 class AuthMode(StrEnum):
     DELEGATED = "delegated"
     PASSTHROUGH = "passthrough"
+
+
+class Gate(Protocol):
+    """What the proxy asks, in this order, before anything of a slice request goes upstream."""
+
+    @property
+    def mode(self) -> AuthMode:
+        """Whose identity the upstream sees (delegated: vwserver's)."""
+        ...
+
+    async def authenticate(self, request: web.Request, *, cluster: str) -> Identity:
+        """Who the caller is, or :class:`Unauthorized`."""
+        ...
+
+    async def authorize(
+        self, identity: Identity, *, slice_cluster: str, slice_name: str, verb: str
+    ) -> None:
+        """Nothing, or :class:`Forbidden`."""
+        ...
+
+    def upstream_token(self, request: web.Request) -> str | None:
+        """The caller's token to send upstream instead of vwserver's, or None."""
+        ...
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -126,4 +156,43 @@ class Guard:
         None in delegated mode."""
         if self.mode is AuthMode.PASSTHROUGH:
             return bearer_token(request)
+        return None
+
+
+NO_AUTH_ACKNOWLEDGEMENT: Final = "no authentication: every caller may use every slice"
+"""What :class:`NoAuth` must be given, word for word."""
+
+NO_AUTH_USER = "(no authentication)"
+"""The user name :class:`NoAuth` reports (request logs show it)."""
+
+
+class NoAuth:
+    """Admits every request to every slice without asking anyone: for tests of the proxy.
+
+    Upstream requests carry vwserver's own identity (delegated). Constructing it takes the
+    acknowledgement, so that "no authentication" is never a default or a forgotten argument::
+
+        NoAuth(acknowledge=NO_AUTH_ACKNOWLEDGEMENT)
+    """
+
+    def __init__(
+        self, *, acknowledge: Literal["no authentication: every caller may use every slice"]
+    ) -> None:
+        if acknowledge != NO_AUTH_ACKNOWLEDGEMENT:
+            raise ValueError(f"NoAuth needs acknowledge={NO_AUTH_ACKNOWLEDGEMENT!r}")
+        self._identity = Identity(user=NO_AUTH_USER)
+
+    @property
+    def mode(self) -> AuthMode:
+        return AuthMode.DELEGATED
+
+    async def authenticate(self, request: web.Request, *, cluster: str) -> Identity:
+        return self._identity
+
+    async def authorize(
+        self, identity: Identity, *, slice_cluster: str, slice_name: str, verb: str
+    ) -> None:
+        return None
+
+    def upstream_token(self, request: web.Request) -> str | None:
         return None

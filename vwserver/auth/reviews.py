@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from vwserver.errors import BadGateway, UpstreamUnavailable
+from vwserver.k8s import kcp
 from vwserver.k8s.client import ApiError, KubeClient
+from vwserver.k8s.resources import ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,8 @@ async def post_review(
 
     The answer is never logged: kcp echoes a TokenReview's ``spec.token`` in it.
     """
-    path = f"/clusters/{cluster}/apis/{api}/{resource}"
+    group, _, version = api.rpartition("/")
+    path = ResourceType(group, version, resource, kind="").collection(kcp.workspace(cluster))
     try:
         answer = await client.request("POST", path, body=body)
     except ApiError as e:

@@ -36,14 +36,13 @@ import msgspec
 from vwserver.auth.cache import Clock, TTLCache
 from vwserver.auth.identity import Identity
 from vwserver.auth.reviews import post_review
+from vwserver.config.base import DEFAULT_MAX_ENTRIES
+from vwserver.config.base import DEFAULT_TOKEN_NEGATIVE_TTL as DEFAULT_NEGATIVE_TTL
+from vwserver.config.base import DEFAULT_TOKEN_TTL as DEFAULT_TTL
 from vwserver.errors import BadGateway
 from vwserver.k8s.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TTL = 10.0
-DEFAULT_NEGATIVE_TTL = 5.0
-DEFAULT_MAX_ENTRIES = 10_000
 
 # kcp's answers to a review that depend on the workspace it is posted to: forbidden there
 # (including a workspace that does not exist) and not found.

@@ -1,9 +1,11 @@
 """The YAML configuration file of ``vwserver serve``.
 
-The file is decoded into msgspec Structs, so a wrong type or an unknown key is reported with the
-exact path of the field (``$.slices[1].selector``), and then checked for what types cannot say
-(selectors parse, URLs are https, files exist). Every problem is a :class:`ConfigError` naming the
-field; nothing is half-applied.
+Read like every vwserver config file (:mod:`vwserver.config.base`): decoded into msgspec Structs,
+so a wrong type or an unknown key is reported with the exact path of the field
+(``$.slices[1].selector``), then checked for what types cannot say (selectors parse, URLs are
+https, files exist). Every problem is a :class:`ConfigError` naming the field; nothing is
+half-applied. This package depends on nothing above it (the import contracts in
+``tests/unit/test_import_contracts.py``): the defaults it shares live in the base.
 
 Example (``config/example.yaml`` is the annotated version)::
 
@@ -20,35 +22,44 @@ Example (``config/example.yaml`` is the annotated version)::
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import msgspec
-import yaml
 
-from vwserver import listener
-from vwserver.auth import access, tokens
+from vwserver.config import base
+from vwserver.config.base import (
+    LOGICAL_CLUSTER_RE,
+    OBJECT_NAME_RE,
+    WORKSPACE_RE,
+    ClusterAccess,
+    CommandConfig,
+    camel,
+    convert,
+    read_yaml,
+    require_file,
+    resolve,
+)
+from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError, SelectorError
-from vwserver.logs import LogFormat
-from vwserver.proxy.paths import PREFIX
+from vwserver.health import HEALTH_PATHS
+from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX
 from vwserver.selector import Selector
 
-T = TypeVar("T")
+__all__ = [
+    "LOGICAL_CLUSTER_RE",
+    "OBJECT_NAME_RE",
+    "WORKSPACE_RE",
+    "Config",
+    "convert",
+    "load_config",
+    "parse_config",
+    "read_yaml",
+    "resolve",
+    "slice_selector",
+]
 
-# kcp logical-cluster names (IDs such as "2fx3m0rnxzbs8mq9", or "root"); workspace *paths*
-# ("root:org") are not valid in virtual-workspace URLs (FIELD-NOTES: both segments are IDs).
-LOGICAL_CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-# A workspace path ("root:org:team") or a logical-cluster ID.
-WORKSPACE_RE = re.compile(
-    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
-)
-# A Kubernetes object name (DNS-1123 subdomain), as slice and export names are.
-OBJECT_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
-    """Base: unknown keys are errors (a typo must not be silently ignored)."""
+PREFIX = SLICE_ENDPOINT_PREFIX + "/"
 
 
 class Listen(_Strict):
@@ -67,15 +78,13 @@ class TLS(_Strict):
 class AuthCache(_Strict):
     """How long kcp's review answers are reused, in seconds (0: not cached), and how many."""
 
-    token_ttl_seconds: float = msgspec.field(default=tokens.DEFAULT_TTL, name="tokenTTLSeconds")
+    token_ttl_seconds: float = msgspec.field(default=base.DEFAULT_TOKEN_TTL, name="tokenTTLSeconds")
     token_negative_ttl_seconds: float = msgspec.field(
-        default=tokens.DEFAULT_NEGATIVE_TTL, name="tokenNegativeTTLSeconds"
+        default=base.DEFAULT_TOKEN_NEGATIVE_TTL, name="tokenNegativeTTLSeconds"
     )
-    allow_ttl_seconds: float = msgspec.field(
-        default=access.DEFAULT_ALLOW_TTL, name="allowTTLSeconds"
-    )
-    deny_ttl_seconds: float = msgspec.field(default=access.DEFAULT_DENY_TTL, name="denyTTLSeconds")
-    max_entries: int = tokens.DEFAULT_MAX_ENTRIES
+    allow_ttl_seconds: float = msgspec.field(default=base.DEFAULT_ALLOW_TTL, name="allowTTLSeconds")
+    deny_ttl_seconds: float = msgspec.field(default=base.DEFAULT_DENY_TTL, name="denyTTLSeconds")
+    max_entries: int = base.DEFAULT_MAX_ENTRIES
 
 
 class Auth(_Strict):
@@ -92,28 +101,19 @@ class Connections(_Strict):
 
     # A request's headers must be complete this long after the connection (or the request's
     # first byte); the TLS handshake gets as long.
-    header_timeout_seconds: float = listener.DEFAULT_HEADER_TIMEOUT
+    header_timeout_seconds: float = base.DEFAULT_HEADER_TIMEOUT
     # A request body must be complete this long after its headers.
-    body_timeout_seconds: float = listener.DEFAULT_BODY_TIMEOUT
+    body_timeout_seconds: float = base.DEFAULT_BODY_TIMEOUT
     # A keep-alive connection without a request is closed after this long.
-    idle_timeout_seconds: float = listener.DEFAULT_IDLE_TIMEOUT
+    idle_timeout_seconds: float = base.DEFAULT_IDLE_TIMEOUT
     # Open connections per client IP address (each watch holds one); 0: no limit.
-    max_connections_per_client: int = listener.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
-
-    def limits(self) -> listener.ConnectionLimits:
-        return listener.ConnectionLimits(
-            header_timeout=self.header_timeout_seconds,
-            body_timeout=self.body_timeout_seconds,
-            idle_timeout=self.idle_timeout_seconds,
-            max_connections_per_client=self.max_connections_per_client,
-        )
+    max_connections_per_client: int = base.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
 
-class Upstream(_Strict):
-    """How vwserver reaches kcp: a kubeconfig, or a server URL with explicit credentials."""
+class Upstream(ClusterAccess):
+    """How vwserver reaches kcp: a kubeconfig, the pod's ServiceAccount (``inCluster``), or a
+    server URL with explicit credentials."""
 
-    kubeconfig: str | None = None
-    context: str | None = None
     server: str | None = None
     ca_file: str | None = None
     token: str | None = None
@@ -172,10 +172,7 @@ class MetricsConfig(_Strict):
     path: str = "/metrics"
 
 
-HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
-
-
-class Config(_Strict):
+class Config(CommandConfig):
     listen: Listen = msgspec.field(default_factory=Listen)
     connections: Connections = msgspec.field(default_factory=Connections)
     tls: TLS | None = None
@@ -188,41 +185,12 @@ class Config(_Strict):
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
     controller: ControllerConfig | None = None
     list_page_size: int = 500
-    log_level: str = "info"
-    # json: one JSON object per line, for log collectors (the Deployment's choice); text: for
-    # people at a terminal.
-    log_format: LogFormat = "text"
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     # On SIGTERM /readyz answers 503 at once; new connections are still accepted for
     # shutdownDelaySeconds (so that endpoints stop routing here first), then the listener closes,
     # open watches end cleanly and requests in flight get shutdownGracePeriodSeconds to finish.
     shutdown_delay_seconds: float = 0.0
     shutdown_grace_period_seconds: float = 25.0
-
-
-def read_yaml(path: Path) -> object:
-    """A YAML file's document (``{}`` for an empty file); ConfigError names the file."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), f"not valid YAML: {e}") from e
-    return raw if raw is not None else {}
-
-
-def convert(raw: object, cls: type[T]) -> T:
-    """Decode a config document into ``cls``; a type error or unknown key names its field."""
-    try:
-        return msgspec.convert(raw, cls)
-    except msgspec.ValidationError as e:
-        # msgspec says e.g. "Expected `int`, got `str` - at `$.listen.port`"; lead with the path.
-        problem, _, where = str(e).rpartition(" - at ")
-        if problem:
-            raise ConfigError(where.strip("`"), problem) from e
-        raise ConfigError("$", str(e)) from e  # a problem of the top-level mapping
 
 
 def load_config(path: Path) -> Config:
@@ -262,9 +230,9 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         )
     if config.tls is not None:
         for name in ("cert_file", "key_file"):
-            _require_file(getattr(config.tls, name), field=f"$.tls.{_camel(name)}", base=base_dir)
+            require_file(getattr(config.tls, name), field=f"$.tls.{camel(name)}", base=base_dir)
         if config.tls.client_ca_file is not None:
-            _require_file(config.tls.client_ca_file, field="$.tls.clientCAFile", base=base_dir)
+            require_file(config.tls.client_ca_file, field="$.tls.clientCAFile", base=base_dir)
             if config.auth.mode == "passthrough":
                 raise ConfigError(
                     "$.tls.clientCAFile",
@@ -290,8 +258,7 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         raise ConfigError("$.externalURL", f"{config.external_url!r} is not an http(s) URL")
     if config.list_page_size < 1:
         raise ConfigError("$.listPageSize", "must be at least 1")
-    if config.log_level.lower() not in {"debug", "info", "warning", "error"}:
-        raise ConfigError("$.logLevel", f"unknown level {config.log_level!r}")
+    base.check_logging(config)
     metrics_path = config.metrics.path
     if not metrics_path.startswith("/") or metrics_path.startswith(PREFIX):
         raise ConfigError("$.metrics.path", f"{metrics_path!r}: must be a path outside {PREFIX}")
@@ -299,20 +266,8 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         raise ConfigError("$.metrics.path", f"{metrics_path!r} is a health endpoint")
     for name in ("shutdown_delay_seconds", "shutdown_grace_period_seconds"):
         if getattr(config, name) < 0:
-            raise ConfigError(f"$.{_camel(name)}", "must not be negative")
-    up = config.upstream
-    if up.kubeconfig is None and up.server is None:
-        raise ConfigError("$.upstream", "set either kubeconfig or server")
-    if up.kubeconfig is not None and up.server is not None:
-        raise ConfigError("$.upstream", "kubeconfig and server are mutually exclusive")
-    if up.token is not None and up.token_file is not None:
-        raise ConfigError("$.upstream", "token and tokenFile are mutually exclusive")
-    if up.server is not None and not up.server.startswith(("https://", "http://")):
-        raise ConfigError("$.upstream.server", f"{up.server!r} is not an http(s) URL")
-    for name in ("kubeconfig", "ca_file", "token_file", "client_cert_file", "client_key_file"):
-        value = getattr(up, name)
-        if value is not None:
-            _require_file(value, field=f"$.upstream.{_camel(name)}", base=base_dir)
+            raise ConfigError(f"$.{camel(name)}", "must not be negative")
+    _validate_upstream(config.upstream, base_dir=base_dir)
     seen: set[tuple[str, str]] = set()
     for i, s in enumerate(config.slices):
         field = f"$.slices[{i}]"
@@ -339,10 +294,22 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         slice_selector(s, field=field)
 
 
+def _validate_upstream(up: Upstream, *, base_dir: Path) -> None:
+    base.check_access(up, field="$.upstream", base=base_dir, others=("server",))
+    if up.token is not None and up.token_file is not None:
+        raise ConfigError("$.upstream", "token and tokenFile are mutually exclusive")
+    if up.server is not None and not up.server.startswith(("https://", "http://")):
+        raise ConfigError("$.upstream.server", f"{up.server!r} is not an http(s) URL")
+    for name in ("ca_file", "token_file", "client_cert_file", "client_key_file"):
+        value = getattr(up, name)
+        if value is not None:
+            require_file(value, field=f"$.upstream.{camel(name)}", base=base_dir)
+
+
 def _validate_connections(c: Connections) -> None:
     for name in ("header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds"):
         if getattr(c, name) <= 0:
-            raise ConfigError(f"$.connections.{_camel(name)}", "must be positive")
+            raise ConfigError(f"$.connections.{camel(name)}", "must be positive")
     if c.max_connections_per_client < 0:
         raise ConfigError("$.connections.maxConnectionsPerClient", "must not be negative")
 
@@ -359,18 +326,3 @@ def _validate_auth(auth: Auth) -> None:
             raise ConfigError(f"$.auth.cache.{field}", "must not be negative")
     if cache.max_entries < 1:
         raise ConfigError("$.auth.cache.maxEntries", "must be at least 1")
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p.capitalize() for p in rest)
-
-
-def _require_file(value: str, *, field: str, base: Path) -> None:
-    if not (base / value).is_file():
-        raise ConfigError(field, f"file {value!r} does not exist")
-
-
-def resolve(value: str, *, base: Path) -> Path:
-    """Relative paths in the config are relative to the config file's directory."""
-    return base / value

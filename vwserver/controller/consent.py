@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vwserver.k8s.kcp import APIEXPORTS
+
 SUBJECT_PREFIX = "system:vwserver:workspace:"
 VERB = "filter"
-GROUP = "apis.kcp.io"
-RESOURCE = "apiexports"
+GROUP = APIEXPORTS.group
+RESOURCE = APIEXPORTS.resource
 GRANT_EXAMPLE = "manifests/rbac/export-grants-slice-workspace.yaml"
 
 

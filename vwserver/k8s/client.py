@@ -1,44 +1,43 @@
-"""A small asyncio Kubernetes REST client for vwserver's own controllers.
+"""A small asyncio Kubernetes REST client for vwserver's own control loops.
 
 The proxy forwards other clients' requests and therefore has its own, streaming-first client
-(:mod:`vwserver.proxy.upstream`). The embedded controller instead *reads* objects: GET, LIST,
-WATCH and status patches of a handful of kinds, decoded as JSON. This module is that client —
-deliberately tiny (no discovery, no caching), with errors mapped onto the project's exception
-hierarchy so callers can tell "not found" from "try again later".
+(:mod:`vwserver.proxy.upstream`). The slice controller, the syncer, leader election and the
+reviews instead *read and write* objects of a handful of kinds, decoded as JSON. This module is
+that client — deliberately tiny (no discovery, no caching; list+watch loops are
+:mod:`vwserver.k8s.reflector`'s) — with every failure one of two kinds:
+
+* :class:`~vwserver.errors.ApiError` — the server answered, and refused: the subclass says how
+  (``ApiNotFound``, ``ApiConflict``, ``ApiGone``, …, built by :func:`~vwserver.errors.api_error`
+  from the answer's Status; a watch's ``ERROR`` event too);
+* :class:`~vwserver.errors.UpstreamUnavailable` — no usable answer (connection refused or broken,
+  timed out, a watch that fell silent).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 import aiohttp
 import msgspec
 from yarl import URL
 
-from vwserver.errors import UpstreamUnavailable, VWServerError
+from vwserver.errors import (
+    ApiError,
+    ApiNotFound,
+    EventTooLarge,
+    UpstreamUnavailable,
+    api_error,
+)
+from vwserver.k8s import framing, kcp
 from vwserver.k8s.kubeconfig import ClientAuth
 
-# A watch line may hold an object of up to etcd's limit plus the event envelope.
-MAX_EVENT_BYTES = 4 * 2**20
+__all__ = ["JSON", "MERGE_PATCH", "ApiError", "KubeClient"]  # ApiError: what it raises
 
 JSON = dict[str, Any]
 
-
-class ApiError(VWServerError):
-    """A non-2xx answer from the API server, with its code and Status body."""
-
-    def __init__(self, *, code: int, body: bytes, url: str) -> None:
-        status = _decode_status(body)
-        self.code = code
-        self.reason = str(status.get("reason", ""))
-        self.message = str(status.get("message", body[:200].decode(errors="replace")))
-        super().__init__(f"{code} {self.reason or 'error'} from {url}: {self.message}")
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying later (server-side trouble, throttling, timeouts)."""
-        return self.code in (408, 429) or self.code >= 500
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def _decode_status(body: bytes) -> dict[str, Any]:
@@ -49,13 +48,17 @@ def _decode_status(body: bytes) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+def _unusable(url: object, what: str) -> ApiError:
+    """An answer that is no Kubernetes answer: a 502, retried like any server failure."""
+    return api_error(502, {"reason": "BadGateway", "message": what}, url=str(url))
+
+
 class KubeClient:
     """Requests against one API server (``auth.server``'s origin) with one identity."""
 
     def __init__(self, *, auth: ClientAuth, timeout: float = 30.0) -> None:
         self._auth = auth
-        scheme, _, rest = auth.server.partition("://")
-        self.origin = f"{scheme}://{rest.split('/', 1)[0]}"
+        self.origin = kcp.origin(auth.server)
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -110,47 +113,101 @@ class KubeClient:
             ) as response:
                 raw = await response.read()
                 if response.status >= 300:
-                    raise ApiError(code=response.status, body=raw, url=str(url))
+                    raise api_error(response.status, _decode_status(raw), url=str(url), body=raw)
         except (aiohttp.ClientConnectionError, TimeoutError) as e:
             raise UpstreamUnavailable(f"{url.host}:{url.port} unreachable: {e!r}") from e
-        doc = msgspec.json.decode(raw) if raw else {}
+        try:
+            doc = msgspec.json.decode(raw) if raw else {}
+        except msgspec.DecodeError as e:
+            raise _unusable(url, f"undecodable answer: {e}") from e
         if not isinstance(doc, dict):
-            raise ApiError(code=502, body=b"", url=str(url))
+            raise _unusable(url, "the answer is no JSON object")
         return doc
 
     async def get(self, path: str) -> JSON | None:
         """GET one object; None when it does not exist (404)."""
         try:
             return await self.request("GET", path)
-        except ApiError as e:
-            if e.code == 404:
-                return None
-            raise
+        except ApiNotFound:
+            return None
+
+    async def merge_patch(self, path: str, patch: JSON) -> JSON:
+        """A JSON merge patch (RFC 7386); ``metadata.resourceVersion`` in it makes it
+        conditional."""
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def apply(self, path: str, obj: JSON, *, field_manager: str, force: bool = True) -> JSON:
+        """Server-side apply (``force``: take over fields another manager set)."""
+        query = [("fieldManager", field_manager)]
+        if force:
+            query.append(("force", "true"))
+        return await self.request("PATCH", path, query=query, body=obj, content_type=APPLY_PATCH)
+
+    async def delete(self, path: str, *, uid: str | None = None) -> None:
+        """Delete (background propagation), only if the object still has ``uid``."""
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        await self.request("DELETE", path, body=body)
 
     async def watch(
-        self, path: str, *, query: Iterable[tuple[str, str]] = ()
-    ) -> AsyncIterator[JSON]:
-        """The events of one watch request until the server ends it. Raises ApiError if the
-        watch is refused (e.g. 410 Gone for an expired resourceVersion)."""
+        self,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        idle_timeout: float | None = None,
+    ) -> AsyncGenerator[JSON, None]:
+        """The events of one watch request (``watch=true`` is added) until the server ends it:
+        ``{"type": ADDED | MODIFIED | DELETED | BOOKMARK, "object": {...}}``.
+
+        A refused watch, and an ``ERROR`` event (410 Gone for an expired resourceVersion, …),
+        raise their :class:`ApiError`; an undecodable or oversized event, or one of an unknown
+        type, an ``ApiServerError`` (502). With ``idle_timeout``, a stream that sends nothing for
+        that long is dead: UpstreamUnavailable, like a broken connection.
+        """
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True).with_query([*query, ("watch", "true")])
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
         try:
-            async with self._session.get(
-                url, headers=self._headers(), timeout=aiohttp.ClientTimeout(total=None)
-            ) as response:
+            async with self._session.get(url, headers=self._headers(), timeout=timeout) as response:
                 if response.status != 200:
-                    raise ApiError(code=response.status, body=await response.read(), url=str(url))
+                    raw = await response.read()
+                    raise api_error(response.status, _decode_status(raw), url=str(url), body=raw)
                 buffer = bytearray()
                 async for chunk in response.content.iter_any():
                     buffer += chunk
-                    while (end := buffer.find(b"\n")) != -1:
-                        line = bytes(buffer[: end + 1])
-                        del buffer[: end + 1]
-                        if line.strip():
-                            event = msgspec.json.decode(line)
-                            if isinstance(event, dict):
-                                yield event
-                    if len(buffer) > MAX_EVENT_BYTES:
-                        raise ApiError(code=502, body=b"", url=str(url))
+                    end = framing.complete(buffer)
+                    events = [buffer[start:stop] for start, stop in framing.lines(buffer, end)]
+                    del buffer[:end]
+                    for event in events:
+                        yield _event(event, url)
+        except EventTooLarge as e:
+            raise _unusable(url, str(e)) from e
+        except aiohttp.ServerTimeoutError as e:
+            raise UpstreamUnavailable(f"watch {url.path}: nothing for {idle_timeout}s") from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
             raise UpstreamUnavailable(f"watch {url.host}:{url.port} broke: {e!r}") from e
+
+
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+
+
+def _event(line: bytes | bytearray, url: URL) -> JSON:
+    """One decoded watch event; an ``ERROR`` event raises its Status as :class:`ApiError`."""
+    try:
+        event = msgspec.json.decode(line)
+    except msgspec.DecodeError as e:
+        raise _unusable(url, f"undecodable watch event: {e}") from e
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        raise _unusable(url, "a watch event that is no object")
+    kind = event.get("type")
+    if kind == "ERROR":
+        status = event["object"]
+        raise api_error(int(status.get("code") or 500), status, url=str(url))
+    if kind not in _EVENT_TYPES:
+        raise _unusable(url, f"unknown watch event type {kind!r}")
+    return event

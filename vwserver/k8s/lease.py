@@ -20,14 +20,15 @@ client-go's rules, kept because they are what makes it safe without synchronized
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from vwserver.clock import Clock, micro_time
-from vwserver.errors import UpstreamUnavailable
-from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.errors import ApiConflict, ApiError, UpstreamUnavailable
+from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.resources import LEASES, NAMESPACES
 
 log = logging.getLogger(__name__)
@@ -193,11 +194,9 @@ class LeaderElector:
                 written = await self._client.request("PUT", self._url, body=lease)
             self._observe(dict(written.get("spec") or {}))
             return True
-        except ApiError as e:
-            if e.code != 409:  # 409: another candidate won this round
-                log.warning("leader election: %s", e)
-            return False
-        except UpstreamUnavailable as e:
+        except ApiConflict:
+            return False  # another candidate won this round
+        except (ApiError, UpstreamUnavailable) as e:
             log.warning("leader election: %s", e)
             return False
 
@@ -212,8 +211,5 @@ class LeaderElector:
         if await self._client.get(url) is not None:
             return
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self._namespace}}
-        try:
+        with contextlib.suppress(ApiConflict):  # created meanwhile
             await self._client.request("POST", NAMESPACES.collection(self._base), body=body)
-        except ApiError as e:
-            if e.code != 409:
-                raise

@@ -10,6 +10,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, SelectorError
+from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.metrics import UNKNOWN, ServerMetrics
 from vwserver.proxy.negotiation import Representation, Shape
@@ -60,7 +61,7 @@ class ProxyRequest:
 
     @property
     def cluster_base(self) -> str:
-        return f"{self.upstream_base}/clusters/{self.path.cluster}"
+        return kcp.clusters(self.upstream_base, self.path.cluster)
 
     @property
     def upstream_url(self) -> str:

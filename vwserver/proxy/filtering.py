@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import (
     ListLabels,
     ListPage,
@@ -43,8 +44,6 @@ from vwserver.k8s.types import (
     WatchEventLabels,
 )
 from vwserver.selector import Selector
-
-CLUSTER_ANNOTATION = "kcp.io/cluster"
 
 _head_decoder = msgspec.json.Decoder(ObjectHead)
 _event_decoder = msgspec.json.Decoder(WatchEventHead)

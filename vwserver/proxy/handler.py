@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from vwserver import metrics as m
-from vwserver.auth.guard import AuthMode, Guard
+from vwserver.auth.guard import AuthMode, Gate
 from vwserver.errors import (
     BadGateway,
     Forbidden,
@@ -78,7 +78,7 @@ class ProxyHandler:
         page_size: int,
         metrics: ServerMetrics,
         closing: asyncio.Event,
-        guard: Guard | None = None,
+        guard: Gate,
     ) -> None:
         self._routes = routes
         self._upstream = upstream
@@ -87,7 +87,7 @@ class ProxyHandler:
         self._closing = closing
         self._guard = guard
         # In delegated mode the upstream sees vwserver's identity, not the caller's.
-        self._delegated = guard is None or guard.mode is AuthMode.DELEGATED
+        self._delegated = guard.mode is AuthMode.DELEGATED
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         record = RequestRecord(id=str(uuid.uuid4()), started=asyncio.get_running_loop().time())
@@ -179,17 +179,16 @@ class ProxyHandler:
             else negotiation.negotiate(accept, verb=api.verb)
         )
         upstream = self._upstream
-        if self._guard is not None:
-            identity = await self._guard.authenticate(request, cluster=path.slice_cluster)
-            record.user = identity.user  # logged also when the caller is then refused
-            await self._guard.authorize(
-                identity,
-                slice_cluster=path.slice_cluster,
-                slice_name=path.slice_name,
-                verb=api.verb,
-            )
-            if (token := self._guard.upstream_token(request)) is not None:
-                upstream = upstream.for_caller(token)
+        identity = await self._guard.authenticate(request, cluster=path.slice_cluster)
+        record.user = identity.user  # logged also when the caller is then refused
+        await self._guard.authorize(
+            identity,
+            slice_cluster=path.slice_cluster,
+            slice_name=path.slice_name,
+            verb=api.verb,
+        )
+        if (token := self._guard.upstream_token(request)) is not None:
+            upstream = upstream.for_caller(token)
         route = self._routes.table.lookup(path.slice_cluster, path.slice_name)
         if route is None:
             raise NotFound(

@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from vwserver.errors import BadRequest, MethodNotAllowed, NotFound
+from vwserver.k8s.kcp import APIBINDINGS, SLICE_ENDPOINT_PREFIX
+from vwserver.names import LOGICAL_CLUSTER_RE, OBJECT_NAME_RE
 
-PREFIX = "/services/filtered-apiexport/"
+PREFIX = SLICE_ENDPOINT_PREFIX + "/"
 
-# Logical-cluster names as kcp writes them (IDs like "2fx3m0rnxzbs8mq9", or "root").
-_CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-# DNS-1123 subdomain: slice names, object names, namespaces, resources, groups.
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# Shard ids in multi-shard endpoint URLs (see vwserver.controller.reconcile.shard_id).
+# Shard ids in multi-shard endpoint URLs (see vwserver.k8s.kcp.shard_id).
 _SHARD_RE = re.compile(r"^[a-f0-9]{1,64}$")
 # Versions and resource plurals are DNS labels in practice; allow what CRDs allow.
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -88,7 +86,7 @@ class ApiRequest:
 
     @property
     def is_apibindings(self) -> bool:
-        return self.group == "apis.kcp.io" and self.resource == "apibindings"
+        return (self.group, self.resource) == (APIBINDINGS.group, APIBINDINGS.resource)
 
     @property
     def collection_path(self) -> str:
@@ -141,11 +139,11 @@ def split_slice_path(raw_path: str) -> SlicePath | None:
         )
     slice_cluster, slice_name, _, cluster = parts[:4]
     api_path = "/" + parts[4] if len(parts) == 5 else ""
-    if not _CLUSTER_RE.match(slice_cluster):
+    if not LOGICAL_CLUSTER_RE.match(slice_cluster):
         raise BadRequest(f"invalid slice cluster {slice_cluster!r}: not a logical-cluster name")
-    if not _NAME_RE.match(slice_name) or len(slice_name) > 253:
+    if not OBJECT_NAME_RE.match(slice_name) or len(slice_name) > 253:
         raise BadRequest(f"invalid slice name {slice_name!r}")
-    if cluster != "*" and not _CLUSTER_RE.match(cluster):
+    if cluster != "*" and not LOGICAL_CLUSTER_RE.match(cluster):
         raise BadRequest(f"invalid cluster {cluster!r}: not a logical-cluster name or '*'")
     return SlicePath(slice_cluster, slice_name, cluster, api_path, shard)
 
@@ -183,7 +181,7 @@ def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
         if len(parts) == 1:
             return _discovery(parts, method=method)
         group, rest = parts[1], parts[2:]
-        if not _NAME_RE.match(group):
+        if not OBJECT_NAME_RE.match(group):
             raise BadRequest(f"invalid API group {group!r}")
     if len(rest) <= 1:
         # /api, /api/v1, /apis/<g>, /apis/<g>/<v>
@@ -216,7 +214,7 @@ def classify(api_path: str, *, method: str, watch: bool) -> ApiRequest:
         # The APIExport virtual workspace serves the status subresource only (no scale).
         raise NotFound(f"the server could not find the requested resource ({subresource!r})")
     for what, value in (("namespace", namespace), ("name", name)):
-        if value and (not _NAME_RE.match(value) or len(value) > 253):
+        if value and (not OBJECT_NAME_RE.match(value) or len(value) > 253):
             raise BadRequest(f"invalid {what} {value!r}")
     verb = Verb.WATCH if legacy_watch else _resource_verb(method, named=bool(name), watch=watch)
     return ApiRequest(
@@ -242,7 +240,7 @@ def _discovery(parts: list[str], *, method: str, group: str = "") -> ApiRequest:
             parts[:2] == ["openapi", "v3"]
             and (
                 (len(parts) == 4 and parts[2] == "api")
-                or (len(parts) == 5 and parts[2] == "apis" and _NAME_RE.match(parts[3]))
+                or (len(parts) == 5 and parts[2] == "apis" and OBJECT_NAME_RE.match(parts[3]))
             )
             and all(_SEGMENT_RE.match(p) for p in parts[2:])
         )

@@ -1,8 +1,9 @@
 """Filtered WATCH: one upstream watch per client watch, filtered event by event.
 
-The upstream stream (newline-delimited JSON events) is framed here, not by aiohttp's readline, so
-that one event may be as large as :data:`MAX_EVENT_BYTES` without the read buffer growing for
-every connection. Each event is decoded once (:func:`~vwserver.proxy.filtering.filter_event`) and
+The upstream stream (newline-delimited JSON events) is framed with :mod:`vwserver.k8s.framing`,
+not by aiohttp's readline, so that one event may be as large as
+:data:`~vwserver.k8s.framing.MAX_EVENT_BYTES` without the read buffer growing for every
+connection. Each event is decoded once (:func:`~vwserver.proxy.filtering.filter_event`) and
 a matching event is written as the exact bytes the upstream sent. All events decoded from one
 upstream read are written with one ``write``, which also awaits the client's drain: a slow client
 therefore slows down the upstream read (TCP backpressure) instead of growing a buffer.
@@ -29,16 +30,13 @@ from aiohttp import web
 
 from vwserver import metrics as m
 from vwserver.errors import BadGateway
+from vwserver.k8s.framing import complete, lines
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, filter_event
 from vwserver.proxy.responses import headers_only, relay_whole, response_headers
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
-
-# etcd refuses values over 1.5 MiB by default and the apiserver requests over 3 MiB; an event adds
-# a little envelope. Anything longer is not a Kubernetes watch event.
-MAX_EVENT_BYTES = 4 * 2**20
 
 
 async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
@@ -75,6 +73,7 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
                 async for chunk in up.content.iter_any():
                     buffer += chunk
+                    # EventTooLarge (a BadGateway) if an event grows past the bound
                     framed = frame_events(buffer, selector=selector, strip_objects=strip)
                     if framed.consumed:
                         del buffer[: framed.consumed]
@@ -84,10 +83,6 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                             dropped.inc(framed.dropped)
                         if framed.synthesized:
                             synthesized.inc(framed.synthesized)
-                    if len(buffer) > MAX_EVENT_BYTES:
-                        raise BadGateway(
-                            f"upstream watch event larger than {MAX_EVENT_BYTES} bytes"
-                        )
                     if framed.out:
                         await response.write(framed.out)
         except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
@@ -126,33 +121,33 @@ class Framed(NamedTuple):
 
 def frame_events(buffer: bytearray, *, selector: Selector, strip_objects: bool = False) -> Framed:
     """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
-    events were forwarded, dropped and synthesized.
+    events were forwarded, dropped and synthesized. Raises
+    :class:`~vwserver.errors.EventTooLarge` when the unfinished rest exceeds the bound.
 
     Lines are decoded straight from the buffer (a memoryview, no copy per event), and runs of
     consecutive forwarded events are sent as one slice of the original bytes.
     """
+    end = complete(buffer)
     out: list[bytes] = []
-    start = run = 0  # run: where the current stretch of forwarded lines begins
+    run = 0  # where the current stretch of forwarded lines begins
     events = dropped = synthesized = 0
     view = memoryview(buffer)
     try:
-        while (end := buffer.find(b"\n", start)) != -1:
-            if end - start > 1:  # not an empty keep-alive line
-                events += 1
-                verdict = filter_event(view[start : end + 1], selector, strip_objects=strip_objects)
-                if not verdict.forward:
-                    if run < start:
-                        out.append(bytes(view[run:start]))
-                    if verdict.replacement is not None:
-                        out.append(verdict.replacement)
-                        synthesized += 1
-                    else:
-                        dropped += 1
-                    run = end + 1
-            start = end + 1
-        if run < start:
-            out.append(bytes(view[run:start]))
+        for start, stop in lines(buffer, end):
+            events += 1
+            verdict = filter_event(view[start:stop], selector, strip_objects=strip_objects)
+            if not verdict.forward:
+                if run < start:
+                    out.append(bytes(view[run:start]))
+                if verdict.replacement is not None:
+                    out.append(verdict.replacement)
+                    synthesized += 1
+                else:
+                    dropped += 1
+                run = stop
+        if run < end:
+            out.append(bytes(view[run:end]))
     finally:
         view.release()
     forwarded = events - dropped - synthesized
-    return Framed(b"".join(out), start, forwarded, dropped, synthesized)
+    return Framed(b"".join(out), end, forwarded, dropped, synthesized)

@@ -1,9 +1,9 @@
 """The syncer (``vwserver sync``, issue #6): kcp objects into a downstream cluster, status back.
 
 Modules, pure logic apart from I/O: ``config`` (the YAML file), ``naming`` (downstream
-namespaces, link metadata, metadata filtering), ``reconcile`` (the decision table),
-``queue`` (work queue), ``client`` (REST calls on :mod:`vwserver.k8s.client`), ``informer``
-(list+watch cache), ``controller`` (one resource type), ``lease`` (leader election),
-``endpoints`` (endpoint slices), ``metrics``/``health`` (Prometheus, probes), ``runner`` (one
-syncer process), ``cli`` (``vwserver sync``).
+namespaces, link metadata, metadata filtering), ``sync_plan`` (the decision table: what to do
+for one object), ``sync_loop`` (one resource type: reflectors, caches, work queue and workers,
+all from :mod:`vwserver.k8s`), ``endpoints`` (endpoint slices), ``metrics``/``health``
+(Prometheus, probes), ``runner`` (one syncer process, leader election with
+:mod:`vwserver.k8s.lease`), ``cli`` (``vwserver sync``).
 """

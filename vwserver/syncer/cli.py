@@ -1,14 +1,14 @@
 """``vwserver sync --config FILE`` (wired into :mod:`vwserver.cli`).
 
 Like ``vwserver serve``: a bad configuration is one line naming the field and exit code 2;
-SIGINT/SIGTERM shut the syncer down gracefully (lease released, watches closed).
+logs are text or JSON (``logFormat``, :mod:`vwserver.logs`); SIGINT/SIGTERM shut the syncer down
+gracefully (lease released, watches closed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vwserver.errors import ConfigError
+from vwserver.logs import configure_logging
 from vwserver.syncer.config import SyncerConfig, load_syncer_config
 from vwserver.syncer.runner import Syncer
 
@@ -42,9 +43,7 @@ def run(args: argparse.Namespace, *, run_loop: Callable[[Coroutine[Any, Any, Non
     if args.check:
         print(f"{args.config}: ok ({len(config.resources)} resource(s))")
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(level=config.log_level, fmt=config.log_format)
     try:
         run_loop(_sync(config, base_dir=args.config.parent))
     except ConfigError as e:  # e.g. a kubeconfig that does not parse

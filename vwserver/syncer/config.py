@@ -1,8 +1,11 @@
 """The YAML configuration file of ``vwserver sync``.
 
-Same rules as :mod:`vwserver.config`: msgspec Structs with unknown keys refused, then checks for
-what types cannot say. Every problem is one :class:`~vwserver.errors.ConfigError` naming the field
-(``$.resources[0].statusExclude[1]: ...``), raised before anything starts.
+Read like every vwserver config file (:mod:`vwserver.config.base`): msgspec Structs with unknown
+keys refused, then checks for what types cannot say. Every problem is one
+:class:`~vwserver.errors.ConfigError` naming the field (``$.resources[0].statusExclude[1]: ...``),
+raised before anything starts. kcp and the downstream cluster are each reached with a kubeconfig
+or, for a syncer running as a Deployment in its downstream cluster, ``inCluster: true`` (the
+pod's ServiceAccount).
 
 Example (``config/syncer.example.yaml`` is the annotated version)::
 
@@ -25,25 +28,26 @@ from typing import Literal
 
 import msgspec
 
-from vwserver.config import OBJECT_NAME_RE, convert, read_yaml
+from vwserver.config.base import (
+    DNS_LABEL_RE,
+    KIND_RE,
+    OBJECT_NAME_RE,
+    WORKSPACE_RE,
+    ClusterAccess,
+    CommandConfig,
+    check_access,
+    check_logging,
+    convert,
+    read_yaml,
+)
+from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError
 
 # The syncer's name goes into the finalizer ``sync.edge-connect.eu/syncer-<name>`` (the part after
 # the slash of a qualified name is at most 63 characters), a label value and the Lease name.
 SYNCER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?$")
-# A DNS-1123 label: resource plurals, versions, namespaces.
-DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# A workspace path (root:org:team) or a logical-cluster ID.
-WORKSPACE_RE = re.compile(
-    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
-)
-KIND_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 # A status path: dot-separated JSON keys under ``status`` (``mongoUri``, ``connection.secret``).
 STATUS_PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-
-
-class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
-    """Base: unknown keys are errors (a typo must not be silently ignored)."""
 
 
 class EndpointSliceRef(_Strict):
@@ -56,20 +60,18 @@ class EndpointSliceRef(_Strict):
     name: str
 
 
-class Upstream(_Strict):
-    """kcp: credentials from a kubeconfig, endpoint URLs given or read from an endpoint slice."""
+class Upstream(ClusterAccess):
+    """kcp: credentials from a kubeconfig (or ``inCluster``), endpoint URLs given or read from
+    an endpoint slice."""
 
-    kubeconfig: str
-    context: str | None = None
     urls: list[str] = msgspec.field(default_factory=list)
     endpoint_slice: EndpointSliceRef | None = None
     # How often the endpoint slice is re-read (shards come and go with bindings).
     refresh_seconds: float = 30.0
 
 
-class Downstream(_Strict):
-    kubeconfig: str
-    context: str | None = None
+class Downstream(ClusterAccess):
+    """The downstream cluster: a kubeconfig, or ``inCluster: true`` when the syncer runs there."""
 
 
 class DownstreamType(_Strict):
@@ -119,7 +121,7 @@ class Health(_Strict):
     port: int = 8081
 
 
-class SyncerConfig(_Strict):
+class SyncerConfig(CommandConfig, kw_only=True):
     name: str
     upstream: Upstream
     downstream: Downstream
@@ -133,7 +135,6 @@ class SyncerConfig(_Strict):
     resync_seconds: float = 300.0
     leader_election: LeaderElection = msgspec.field(default_factory=LeaderElection)
     health: Health = msgspec.field(default_factory=Health)
-    log_level: str = "info"
 
     @property
     def finalizer(self) -> str:
@@ -163,8 +164,8 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
     if not SYNCER_NAME_RE.match(config.name):
         raise ConfigError("$.name", f"{config.name!r} is not a DNS label of at most 56 characters")
     up = config.upstream
-    _require_file(up.kubeconfig, field="$.upstream.kubeconfig", base=base_dir)
-    _require_file(config.downstream.kubeconfig, field="$.downstream.kubeconfig", base=base_dir)
+    check_access(up, field="$.upstream", base=base_dir)
+    check_access(config.downstream, field="$.downstream", base=base_dir)
     if bool(up.urls) == (up.endpoint_slice is not None):
         raise ConfigError("$.upstream", "set exactly one of urls and endpointSlice")
     for i, url in enumerate(up.urls):
@@ -225,8 +226,7 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
         )
     if not 0 <= config.health.port < 65536:
         raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
-    if config.log_level.lower() not in {"debug", "info", "warning", "error"}:
-        raise ConfigError("$.logLevel", f"unknown level {config.log_level!r}")
+    check_logging(config)
 
 
 def _check_type(group: str, version: str, resource: str, kind: str, *, field: str) -> None:
@@ -239,8 +239,3 @@ def _check_type(group: str, version: str, resource: str, kind: str, *, field: st
         raise ConfigError(f"{field}.resource", f"{resource!r} is not a resource (plural) name")
     if not KIND_RE.match(kind):
         raise ConfigError(f"{field}.kind", f"{kind!r} is not a kind (CamelCase)")
-
-
-def _require_file(value: str, *, field: str, base: Path) -> None:
-    if not (base / value).is_file():
-        raise ConfigError(field, f"file {value!r} does not exist")

@@ -9,48 +9,19 @@ of them and re-reads the slice periodically, because the set changes as bindings
 
 from __future__ import annotations
 
-from typing import Any
-
+from vwserver.k8s import kcp
 from vwserver.k8s.client import KubeClient
-from vwserver.k8s.resources import ResourceType
 from vwserver.syncer.config import EndpointSliceRef
 
-SLICE_TYPES = {
-    "APIExportEndpointSlice": ResourceType(
-        "apis.kcp.io", "v1alpha1", "apiexportendpointslices", "APIExportEndpointSlice"
-    ),
-    "FilteredAPIExportEndpointSlice": ResourceType(
-        "sync.edge-connect.eu",
-        "v1alpha1",
-        "filteredapiexportendpointslices",
-        "FilteredAPIExportEndpointSlice",
-    ),
-}
-
-
-def endpoint_urls(slice_obj: dict[str, Any]) -> list[str]:
-    """Every distinct ``status.endpoints[].url`` of a slice, in order, without trailing ``/``."""
-    urls: list[str] = []
-    for endpoint in (slice_obj.get("status") or {}).get("endpoints") or []:
-        url = str((endpoint or {}).get("url") or "").rstrip("/")
-        if url and url not in urls:
-            urls.append(url)
-    return urls
-
-
-def shard_base(server: str) -> str:
-    """A kubeconfig server URL without any ``/clusters/<workspace>`` suffix."""
-    head, sep, _ = server.partition("/clusters/")
-    return head.rstrip("/") if sep else server.rstrip("/")
+SLICE_TYPES = {t.kind: t for t in (kcp.APIEXPORT_ENDPOINT_SLICES, kcp.SLICES)}
 
 
 def slice_url(server: str, ref: EndpointSliceRef) -> str:
-    workspace_base = f"{shard_base(server)}/clusters/{ref.workspace}"
-    return SLICE_TYPES[ref.kind].item(workspace_base, None, ref.name)
+    """The endpoint slice's URL, in its workspace on the server of the upstream kubeconfig."""
+    return SLICE_TYPES[ref.kind].item(kcp.workspace(ref.workspace, server=server), None, ref.name)
 
 
 async def read_endpoints(client: KubeClient, *, server: str, ref: EndpointSliceRef) -> list[str]:
     """The slice's endpoint URLs; a missing slice has none. Raises ApiError/UpstreamUnavailable
     when it cannot be read."""
-    obj = await client.get(slice_url(server, ref))
-    return [] if obj is None else endpoint_urls(obj)
+    return kcp.endpoint_urls(await client.get(slice_url(server, ref)))

@@ -24,7 +24,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-GROUP = "sync.edge-connect.eu"
+from vwserver.k8s.kcp import SLICES, logical_cluster
+
+GROUP = SLICES.group
 
 LABEL_SYNCER = f"{GROUP}/syncer"
 LABEL_CLUSTER = f"{GROUP}/cluster"
@@ -37,10 +39,8 @@ ANN_NAME = f"{GROUP}/name"
 ANN_UID = f"{GROUP}/uid"
 ANN_SYNCER = f"{GROUP}/syncer"
 #: Digest of what the syncer last applied; a changed intent is applied even if the downstream
-#: object happens to contain every desired field (removals, see reconcile.needs_apply).
+#: object happens to contain every desired field (removals, see sync_plan.needs_apply).
 ANN_APPLIED = f"{GROUP}/applied"
-
-CLUSTER_ANNOTATION = "kcp.io/cluster"
 
 # Label and annotation keys that must never travel downstream: kcp's own (kcp.io/cluster,
 # apis.kcp.io/..., the claimed-label keys ``claimed.internal.apis.kcp.io/<hash>``, tenancy),
@@ -148,7 +148,7 @@ def owned_by(obj: Mapping[str, Any], syncer: str) -> bool:
 def upstream_key(obj: Mapping[str, Any]) -> ObjectKey | None:
     """The key of an object read from kcp (``kcp.io/cluster`` annotation, namespace, name)."""
     meta = obj.get("metadata") or {}
-    cluster = (meta.get("annotations") or {}).get(CLUSTER_ANNOTATION)
+    cluster = logical_cluster(obj)
     if not cluster or not meta.get("name"):
         return None
     return ObjectKey(cluster, meta.get("namespace", ""), meta["name"])

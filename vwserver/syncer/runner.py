@@ -2,8 +2,9 @@
 
 :meth:`Syncer.run` is what ``vwserver sync`` runs and what the e2e tests run in-process:
 
-1. open one client for kcp and one for the downstream cluster (kubeconfigs from the config);
-2. serve ``/healthz`` ``/readyz`` ``/metrics`` (:mod:`vwserver.syncer.health`);
+1. open one client for kcp and one for the downstream cluster (kubeconfigs — exec plugins
+   included — or the pod's ServiceAccount, ``inCluster``: :mod:`vwserver.k8s.kubeconfig`);
+2. serve ``/healthz`` ``/readyz`` ``/metrics`` (:mod:`vwserver.health`, as ``serve`` does);
 3. with leader election: wait for the Lease, then lead until ``stop`` is set or the lease is
    lost (then controllers stop at once and the replica campaigns again);
 4. while leading: resolve the upstream endpoint URLs (static, or re-read from the endpoint slice
@@ -27,16 +28,16 @@ from typing import Any
 from aiohttp import web
 
 from vwserver.clock import Clock, SystemClock
-from vwserver.config import resolve
+from vwserver.config.base import client_auth
 from vwserver.errors import UpstreamUnavailable
 from vwserver.k8s.client import ApiError, KubeClient
-from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR
 from vwserver.k8s.lease import LeaderElector
 from vwserver.syncer.config import SyncerConfig
-from vwserver.syncer.controller import ResourceController
 from vwserver.syncer.endpoints import read_endpoints
 from vwserver.syncer.health import health_app
 from vwserver.syncer.metrics import SyncerMetrics
+from vwserver.syncer.sync_loop import ResourceController
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ class Syncer:
         base_dir: Path,
         clock: Clock | None = None,
         identity: str | None = None,
+        service_account_dir: Path = SERVICE_ACCOUNT_DIR,
     ) -> None:
+        """``service_account_dir``: where ``inCluster`` finds the ServiceAccount (for tests)."""
         self.config = config
         self.metrics = SyncerMetrics()
         self.controllers: list[ResourceController] = []
@@ -58,6 +61,7 @@ class Syncer:
         self.health_url: str | None = None
         self.elector: LeaderElector | None = None
         self._base_dir = base_dir
+        self._service_account_dir = service_account_dir
         self._clock = clock or SystemClock()
         self._leading = False
         self._upstream_server = ""
@@ -97,12 +101,12 @@ class Syncer:
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        up_auth = load_kubeconfig(
-            resolve(cfg.upstream.kubeconfig, base=self._base_dir), context=cfg.upstream.context
+        sa_dir = self._service_account_dir
+        up_auth = await client_auth(
+            cfg.upstream, field="$.upstream", base=self._base_dir, service_account_dir=sa_dir
         )
-        down_auth = load_kubeconfig(
-            resolve(cfg.downstream.kubeconfig, base=self._base_dir),
-            context=cfg.downstream.context,
+        down_auth = await client_auth(
+            cfg.downstream, field="$.downstream", base=self._base_dir, service_account_dir=sa_dir
         )
         self._upstream_server, self._downstream_base = up_auth.server, down_auth.server
         async with (

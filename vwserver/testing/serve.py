@@ -5,10 +5,15 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncIterator
+from typing import Final
 
 from aiohttp import web
 
+from vwserver.auth.guard import NO_AUTH_ACKNOWLEDGEMENT, NoAuth
 from vwserver.listener import ConnectionLimits, listening
+
+NO_AUTH: Final = NoAuth(acknowledge=NO_AUTH_ACKNOWLEDGEMENT)
+"""``build_app(guard=NO_AUTH)``: tests of the proxy without authentication, said so by name."""
 
 
 @contextlib.asynccontextmanager

@@ -1,5 +1,7 @@
-"""The syncer's informer against the fake APIExport VW: list, watch, resume, relist on 410,
-backoff through a fake clock, and label-selector DELETED events carrying the last content."""
+"""A reflector keeping a cache (what the syncer runs) against the fake APIExport VW: list, watch,
+resume, relist on 410 (the relist diffed against the cache), backoff through a fake clock, and
+label-selector DELETED events carrying the last content. tests/unit/test_reflector.py checks
+each rule against a scripted server."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ from typing import Any
 
 import pytest_asyncio
 
+from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.syncer.informer import Informer
-from vwserver.syncer.naming import upstream_key
+from vwserver.k8s.reflector import Reflector
+from vwserver.syncer.naming import ObjectKey, upstream_key
 from vwserver.testing.clock import FakeClock
 from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
@@ -68,13 +71,13 @@ async def test_resume_backoff_and_relist_after_410(
     upstream, client, url = fake
     upstream.create(cluster="c1", obj=widget("w1"))
     clock, handler, restarts = FakeClock(), Recorder(), []
-    informer = Informer(
-        name="t", client=client, url=url, handler=handler, key=upstream_key, clock=clock,
-        on_restart=restarts.append,
+    reflector = Reflector(
+        name="t", client=client, url=url, handler=Cache(key=upstream_key, handler=handler),
+        clock=clock, on_restart=restarts.append,
     )  # fmt: skip
-    task = asyncio.create_task(informer.run())
+    task = asyncio.create_task(reflector.run())
     try:
-        await asyncio.wait_for(informer.synced.wait(), WAIT)
+        await asyncio.wait_for(reflector.synced.wait(), WAIT)
         assert handler.names("upserts") == {"w1"}
         upstream.create(cluster="c1", obj=widget("w2"))
         await until("w2 watched", lambda: "w2" in handler.names("upserts"))
@@ -83,8 +86,8 @@ async def test_resume_backoff_and_relist_after_410(
         upstream.faults.die_mid_watch_after = 0
         upstream.create(cluster="c2", obj=widget("w3"))
         await until("several retries", lambda: len(clock.sleeps) >= 5)
-        assert informer.last_error is not None and "503" in informer.last_error
-        assert not informer.synced.is_set() or informer.store  # the old cache is kept
+        assert reflector.last_error is not None and "503" in reflector.last_error
+        assert not reflector.synced.is_set() or reflector.handler.objects  # the old cache is kept
         # backoff grows (full jitter keeps each delay within [ceiling/2, ceiling])
         assert clock.sleeps[4] > clock.sleeps[0]
         assert max(clock.sleeps) <= 30
@@ -93,19 +96,19 @@ async def test_resume_backoff_and_relist_after_410(
         for i in range(4, 9):
             upstream.create(cluster="c2", obj=widget(f"w{i}"))
         upstream.faults.reset()
-        await until("relisted", lambda: "gone" in restarts and "w8" in informer_names(informer))
+        await until("relisted", lambda: "gone" in restarts and "w8" in reflector_names(reflector))
         assert "w1" in handler.names("deletes")  # seen by diffing the relist with the cache
-        assert informer_names(informer) == {"w2", "w3", "w4", "w5", "w6", "w7", "w8"}
+        assert reflector_names(reflector) == {"w2", "w3", "w4", "w5", "w6", "w7", "w8"}
         # and it keeps watching from the relist
         upstream.create(cluster="c1", obj=widget("w9"))
-        await until("w9", lambda: "w9" in informer_names(informer))
+        await until("w9", lambda: "w9" in reflector_names(reflector))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-def informer_names(informer: Informer) -> set[str]:
-    return {o["metadata"]["name"] for o in informer.store.values()}
+def reflector_names(reflector: Reflector[Cache[ObjectKey]]) -> set[str]:
+    return {o["metadata"]["name"] for o in reflector.handler.objects.values()}
 
 
 async def test_label_selector_watch_reports_leaving_objects_with_last_content(
@@ -114,20 +117,20 @@ async def test_label_selector_watch_reports_leaving_objects_with_last_content(
     upstream, client, url = fake
     upstream.create(cluster="c1", obj=widget("w1", region="eu"))
     handler = Recorder()
-    informer = Informer(
-        name="eu", client=client, url=url, handler=handler, key=upstream_key, clock=FakeClock(),
-        label_selector="region=eu",
+    reflector = Reflector(
+        name="eu", client=client, url=url, handler=Cache(key=upstream_key, handler=handler),
+        clock=FakeClock(), label_selector="region=eu",
     )  # fmt: skip
-    task = asyncio.create_task(informer.run())
+    task = asyncio.create_task(reflector.run())
     try:
-        await asyncio.wait_for(informer.synced.wait(), WAIT)
+        await asyncio.wait_for(reflector.synced.wait(), WAIT)
         moved = upstream.get(cluster="c1", namespace="ns", name="w1")
         assert moved is not None
         moved["metadata"]["labels"] = {"region": "us"}
         upstream.update(cluster="c1", obj=moved)
         await until("left the view", lambda: handler.deletes)
         assert handler.deletes[0]["metadata"]["labels"] == {"region": "eu"}  # previous content
-        assert not informer.store
+        assert not reflector.handler.objects
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

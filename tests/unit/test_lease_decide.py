@@ -1,51 +1,9 @@
-"""The syncer's work queue (per-key serialization, retry backoff) and leader-election core."""
+"""Leader election's pure core (vwserver.k8s.lease.decide): client-go's rules for taking,
+keeping and renewing a Lease."""
 
 from __future__ import annotations
 
-import asyncio
-
 from vwserver.k8s.lease import Observed, decide
-from vwserver.syncer.queue import QueueShutDown, WorkQueue, retry_delay
-
-
-async def test_keys_coalesce_and_are_never_processed_twice_at_once() -> None:
-    queue: WorkQueue[str] = WorkQueue()
-    queue.add("a")
-    queue.add("a")
-    queue.add("b")
-    assert len(queue) == 2
-    key = await queue.get()
-    assert key == "a"
-    queue.add("a")  # while being processed: not handed out again ...
-    assert await queue.get() == "b"
-    assert len(queue) == 0
-    queue.done("a")  # ... until done
-    assert await queue.get() == "a"
-    queue.done("a")
-    queue.done("b")
-    queue.shutdown()
-    try:
-        await asyncio.wait_for(queue.get(), 1)
-    except QueueShutDown:
-        pass
-    else:
-        raise AssertionError("get() after shutdown must raise QueueShutDown")
-
-
-async def test_rate_limited_retries_back_off_per_key_and_forget_resets() -> None:
-    queue: WorkQueue[str] = WorkQueue(retry_base=0.01, retry_max=0.04)
-    delays = [queue.add_rate_limited("k") for _ in range(4)]
-    assert delays == [0.01, 0.02, 0.04, 0.04]
-    assert await asyncio.wait_for(queue.get(), 1) == "k"  # the earliest timer fired
-    queue.done("k")
-    queue.forget("k")
-    assert queue.failures("k") == 0
-    queue.shutdown()
-
-
-def test_retry_delay() -> None:
-    assert [retry_delay(n, base=0.5, maximum=3) for n in (1, 2, 3, 4)] == [0.5, 1, 2, 3]
-
 
 WALL = "2026-01-01T00:00:00.000000Z"
 

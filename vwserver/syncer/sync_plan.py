@@ -1,6 +1,6 @@
 """What to do for one upstream object — pure: (upstream, downstream, what we saw) → actions.
 
-The controller (:mod:`vwserver.syncer.controller`) reads both caches, calls :func:`plan` and
+The sync loop (:mod:`vwserver.syncer.sync_loop`) reads both caches, calls :func:`plan` and
 executes the returned actions in order; everything that decides lives here, without I/O, so the
 decision table below is tested case by case.
 
@@ -40,6 +40,7 @@ from typing import Any
 import msgspec
 
 from vwserver.clock import rfc3339
+from vwserver.k8s import kcp
 from vwserver.k8s.client import JSON
 from vwserver.syncer.config import ResourceConfig
 from vwserver.syncer.naming import (
@@ -329,7 +330,7 @@ def contains(actual: Any, wanted: Any) -> bool:
 
 def _downstream_name(upstream: JSON, ctx: Context) -> tuple[str, str]:
     meta = upstream.get("metadata") or {}
-    cluster = (meta.get("annotations") or {}).get("kcp.io/cluster", "")
+    cluster = kcp.logical_cluster(upstream)
     return (
         downstream_namespace(cluster, meta.get("namespace", ""), prefix=ctx.namespace_prefix),
         meta.get("name", ""),

@@ -7,16 +7,15 @@ from typing import Any
 import pytest
 
 from vwserver.controller import consent
-from vwserver.controller.reconcile import (
+from vwserver.controller.slice_status import (
     CONSENT_UNKNOWN,
     NOT_PERMITTED,
     ExportLookup,
     desired,
-    endpoint_urls,
     export_ref,
-    shard_id,
     status_changed,
 )
+from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
 from vwserver.selector import Selector
 
 VW = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"
@@ -134,7 +133,9 @@ def test_export_path_defaults_to_the_slices_own_workspace() -> None:
 
 def test_several_shards_get_a_shard_segment() -> None:
     other = "https://shard-2:6443/services/apiexport/exp123/widgets.example.io"
-    urls = endpoint_urls(external_url="https://vw", cluster="c", name="n", upstreams=[VW, other])
+    urls = slice_endpoint_urls(
+        external_url="https://vw", cluster="c", name="n", upstreams=[VW, other]
+    )
     assert urls == [
         f"https://vw/services/filtered-apiexport/c/n/shards/{shard_id(VW)}",
         f"https://vw/services/filtered-apiexport/c/n/shards/{shard_id(other)}",

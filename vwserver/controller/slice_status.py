@@ -1,10 +1,10 @@
 """What a FilteredAPIExportEndpointSlice should look like — pure, no I/O, no clock.
 
-The controller gathers facts (the slice object, whether its APIExport was found, the upstream
-virtual-workspace URLs of the export's endpoint slice) and this module turns them into the
-slice's desired ``status`` and its :class:`~vwserver.routes.Route`. Keeping the decision pure
-makes every condition and message testable without a kcp, and makes "patch status only when it
-changed" a plain comparison.
+The slice controller (:mod:`.slices`) gathers facts (the slice object, whether its APIExport was
+found, the upstream virtual-workspace URLs of the export's endpoint slice) and this module turns
+them into the slice's desired ``status`` and its :class:`~vwserver.routes.Route`. Keeping the
+decision pure makes every condition and message testable without a kcp, and makes "patch status
+only when it changed" a plain comparison.
 
 Conditions (``metav1.Condition``): ``SelectorValid``, ``APIExportValid`` and ``Ready``, each with
 a reason a program can branch on, a message a human can act on, and the generation it describes.
@@ -17,21 +17,16 @@ not-ready route without an upstream URL.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vwserver.controller import consent
 from vwserver.errors import SelectorError
+from vwserver.k8s import kcp
 from vwserver.routes import Route
 from vwserver.selector import Selector
 
-GROUP = "sync.edge-connect.eu"
-VERSION = "v1alpha1"
-RESOURCE = "filteredapiexportendpointslices"
-CLUSTER_ANNOTATION = "kcp.io/cluster"
-ENDPOINT_PREFIX = "/services/filtered-apiexport"
 NOT_PERMITTED = "NotPermitted"
 """Reason: the export's owner has not granted the slice's workspace (see :mod:`.consent`)."""
 CONSENT_UNKNOWN = "ConsentUnknown"
@@ -62,14 +57,13 @@ class ExportLookup:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     status: dict[str, Any]
-    route: Route | None
+    route: Route
     """The route to serve: ready, or not ready with the reason (answered 503)."""
 
 
 def slice_key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    cluster = (meta.get("annotations") or {}).get(CLUSTER_ANNOTATION, "")
-    return (str(cluster), str(meta.get("name", "")))
+    """(logical cluster, name) of a slice object."""
+    return (kcp.logical_cluster(obj), str((obj.get("metadata") or {}).get("name", "")))
 
 
 def export_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -95,26 +89,6 @@ def parse_selector(obj: Mapping[str, Any]) -> tuple[Selector | None, str]:
     if selector.is_empty:
         return None, "spec.objectSelector selects everything; give matchLabels or matchExpressions"
     return selector, ""
-
-
-def shard_id(url: str) -> str:
-    """A short stable name for an upstream shard endpoint, used in multi-shard endpoint URLs."""
-    return hashlib.sha256(url.encode()).hexdigest()[:10]
-
-
-def endpoint_urls(
-    *, external_url: str, cluster: str, name: str, upstreams: Sequence[str]
-) -> list[str]:
-    """The slice's public URLs: one per upstream shard endpoint.
-
-    With one shard (the common case) the URL is just ``<external>/services/filtered-apiexport/
-    <cluster>/<name>``. With several, each gets a ``/shards/<id>`` suffix so that a client is
-    pinned to one shard's virtual workspace, like kcp's own per-shard endpoint URLs.
-    """
-    base = f"{external_url.rstrip('/')}{ENDPOINT_PREFIX}/{cluster}/{name}"
-    if len(upstreams) <= 1:
-        return [base] if upstreams else []
-    return [f"{base}/shards/{shard_id(u)}" for u in upstreams]
 
 
 def desired(
@@ -168,7 +142,9 @@ def desired(
             f"APIExport {path}/{export_name} has no virtual-workspace endpoint yet "
             "(kcp publishes one once an APIBinding to the export exists)"
         )
-    urls = endpoint_urls(external_url=external_url, cluster=cluster, name=name, upstreams=upstreams)
+    urls = kcp.slice_endpoint_urls(
+        external_url=external_url, cluster=cluster, name=name, upstreams=upstreams
+    )
     if not_ready is None:
         condition("Ready", True, "Serving", f"serving {len(urls)} endpoint(s)")
     else:
@@ -183,7 +159,7 @@ def desired(
         name=name,
         selector=selector if selector is not None else Selector(),
         upstream_url=upstreams[0] if upstreams else "",
-        shards={shard_id(u): u for u in upstreams} if len(upstreams) > 1 else {},
+        shards={kcp.shard_id(u): u for u in upstreams} if len(upstreams) > 1 else {},
         not_ready=not_ready,
     )
     return Outcome(status=status, route=route)

@@ -1,4 +1,4 @@
-"""The syncer's decision table (vwserver.syncer.reconcile.plan) and its status helpers."""
+"""The syncer's decision table (vwserver.syncer.sync_plan.plan) and its status helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from vwserver.syncer.config import ResourceConfig
 from vwserver.syncer.naming import ObjectKey, downstream_namespace
-from vwserver.syncer.reconcile import (
+from vwserver.syncer.sync_plan import (
     Apply,
     Blocked,
     Context,

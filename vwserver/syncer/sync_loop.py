@@ -1,13 +1,16 @@
-"""The sync loop of one resource type: informers feed a work queue, workers execute plans.
+"""The sync loop of one resource type: reflectors fill caches and a work queue, workers execute
+plans.
 
-One :class:`ResourceController` per configured resource. Upstream, one informer per endpoint URL
-(every shard of an endpoint slice) on ``<endpoint>/clusters/*/...``; downstream, one informer on
-the target resource in all namespaces, restricted to this syncer's objects by its owner label.
-Every event becomes a key ``(logical cluster, namespace, name)`` of the *upstream* object (a
-downstream object names its source in its annotations), so both directions of one object are
-handled by one worker at a time (:mod:`vwserver.syncer.queue`).
+One :class:`ResourceController` per configured resource, built from :mod:`vwserver.k8s`'s loop
+parts. Upstream, one :class:`~vwserver.k8s.reflector.Reflector` with a
+:class:`~vwserver.k8s.cache.Cache` per endpoint URL (every shard of an endpoint slice) on
+``<endpoint>/clusters/*/...``; downstream, one on the target resource in all namespaces,
+restricted to this syncer's objects by its owner label. Every event becomes a key ``(logical
+cluster, namespace, name)`` of the *upstream* object (a downstream object names its source in its
+annotations), so both directions of one object are handled by one worker at a time
+(:class:`~vwserver.k8s.queue.WorkQueue`).
 
-A worker reads both caches, asks :func:`vwserver.syncer.reconcile.plan` what to do and executes
+A worker reads both caches, asks :func:`vwserver.syncer.sync_plan.plan` what to do and executes
 the actions. A failure is retried with per-key backoff and shown on the kcp object as condition
 ``Synced=False`` with the error's reason and message (and counted in the metrics): the MongoDB
 example only logged, so consumers never learned why nothing happened.
@@ -20,7 +23,7 @@ Safety rules enforced here (the plan decides, this module double-checks against 
 * our finalizer is only removed after a live GET shows the downstream copy gone.
 
 Objects that leave the filtered view while carrying our finalizer (see
-:class:`~vwserver.syncer.reconcile.Stuck`) are cleaned up downstream and reported: a warning log,
+:class:`~vwserver.syncer.sync_plan.Stuck`) are cleaned up downstream and reported: a warning log,
 the ``vwserver_syncer_stuck_finalizers`` gauge, ``/debug/stuck`` on the health port and a Warning
 Event next to where the downstream copy was — the kcp object itself is unreachable for us then.
 """
@@ -28,18 +31,29 @@ Event next to where the downstream copy was — the kcp object itself is unreach
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from vwserver.clock import Clock, rfc3339
-from vwserver.errors import OwnershipError, SyncError, UpstreamUnavailable
-from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.errors import (
+    ApiConflict,
+    ApiError,
+    ApiNotFound,
+    OwnershipError,
+    SyncError,
+    UpstreamUnavailable,
+)
+from vwserver.k8s import kcp
+from vwserver.k8s.cache import Cache
+from vwserver.k8s.client import JSON, KubeClient
+from vwserver.k8s.queue import WorkQueue
+from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
-from vwserver.syncer import client as api
-from vwserver.syncer import reconcile
+from vwserver.syncer import sync_plan
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
-from vwserver.syncer.informer import Informer
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import (
     LABEL_SYNCER,
@@ -49,7 +63,6 @@ from vwserver.syncer.naming import (
     source_key,
     upstream_key,
 )
-from vwserver.syncer.queue import QueueShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +98,11 @@ def error_reason(error: Exception) -> str:
     return "InternalError"
 
 
-def _downstream_key(obj: JSON) -> Hashable | None:
+def _downstream_key(obj: JSON) -> tuple[str, str] | None:
     meta = obj.get("metadata") or {}
     if not meta.get("name"):
         return None
-    return (meta.get("namespace", ""), meta["name"])
+    return (str(meta.get("namespace", "")), str(meta["name"]))
 
 
 class ResourceController:
@@ -117,16 +130,15 @@ class ResourceController:
         self._down_base = downstream_base
         self._metrics = metrics
         self._clock = clock
-        self.queue: WorkQueue[ObjectKey] = WorkQueue()
-        self.upstream_informers: dict[str, Informer] = {}
+        self.queue: WorkQueue[ObjectKey] = WorkQueue(clock=clock)
+        self.upstream_reflectors: dict[str, Reflector[Cache[ObjectKey]]] = {}
         self._upstream_tasks: dict[str, asyncio.Task[None]] = {}
         self._endpoints_known = False
-        self.downstream_informer = Informer(
+        self.downstream_reflector = Reflector(
             name=f"downstream {self.name}",
             client=downstream,
             url=self.target.collection(downstream_base),
-            handler=_DownstreamEvents(self),
-            key=_downstream_key,
+            handler=Cache(key=_downstream_key, handler=_DownstreamEvents(self)),
             clock=clock,
             label_selector=f"{LABEL_SYNCER}={config.name}",
             on_restart=lambda cause: metrics.watch_restarts.labels(
@@ -146,8 +158,8 @@ class ResourceController:
         """Every cache has completed a list (and the upstream endpoints are known)."""
         return (
             self._endpoints_known
-            and self.downstream_informer.synced.is_set()
-            and all(i.synced.is_set() for i in self.upstream_informers.values())
+            and self.downstream_reflector.synced.is_set()
+            and all(i.synced.is_set() for i in self.upstream_reflectors.values())
         )
 
     def problems(self) -> list[str]:
@@ -155,23 +167,27 @@ class ResourceController:
         out = []
         if not self._endpoints_known:
             out.append(f"{self.name}: upstream endpoints not known yet")
-        for informer in (self.downstream_informer, *self.upstream_informers.values()):
-            if not informer.synced.is_set():
-                detail = f" ({informer.last_error})" if informer.last_error else ""
-                out.append(f"{informer.name}: not synced{detail}")
+        reflectors: list[Reflector[Any]] = [
+            self.downstream_reflector,
+            *self.upstream_reflectors.values(),
+        ]
+        for reflector in reflectors:
+            if not reflector.synced.is_set():
+                detail = f" ({reflector.last_error})" if reflector.last_error else ""
+                out.append(f"{reflector.name}: not synced{detail}")
         return out
 
     def upstream_object(self, key: ObjectKey) -> tuple[JSON | None, str | None]:
         """The cached upstream object and the endpoint it came from."""
-        for endpoint, informer in self.upstream_informers.items():
-            obj = informer.store.get(key)
+        for endpoint, reflector in self.upstream_reflectors.items():
+            obj = reflector.handler.get(key)
             if obj is not None:
                 return obj, endpoint
         return None, None
 
     def downstream_object(self, key: ObjectKey) -> JSON | None:
         namespace = self._namespace_of(key)
-        return self.downstream_informer.store.get((namespace, key.name))
+        return self.downstream_reflector.handler.get((namespace, key.name))
 
     def _namespace_of(self, key: ObjectKey) -> str:
         return downstream_namespace(key.cluster, key.namespace, prefix=self.config.namespace_prefix)
@@ -179,43 +195,42 @@ class ResourceController:
     # --- endpoints ----------------------------------------------------------------------------
 
     def set_endpoints(self, urls: Iterable[str]) -> None:
-        """Use exactly these upstream endpoint URLs (start and stop informers accordingly)."""
+        """Use exactly these upstream endpoint URLs (start and stop reflectors accordingly)."""
         wanted = [u.rstrip("/") for u in urls]
-        for url in list(self.upstream_informers):
+        for url in list(self.upstream_reflectors):
             if url not in wanted:
                 log.info("%s: endpoint %s removed", self.name, url)
                 self._upstream_tasks.pop(url).cancel()
-                informer = self.upstream_informers.pop(url)
-                for obj in informer.store.values():
+                reflector = self.upstream_reflectors.pop(url)
+                for obj in reflector.handler.objects.values():
                     if (key := upstream_key(obj)) is not None:
                         self.queue.add(key)
         for url in wanted:
-            if url in self.upstream_informers:
+            if url in self.upstream_reflectors:
                 continue
-            informer = Informer(
+            reflector = Reflector(
                 name=f"upstream {self.name} @ {url}",
                 client=self._upstream,
-                url=self.source.collection(f"{url}/clusters/*"),
-                handler=_UpstreamEvents(self),
-                key=upstream_key,
+                url=self.source.collection(kcp.clusters(url)),
+                handler=Cache(key=upstream_key, handler=_UpstreamEvents(self)),
                 clock=self._clock,
                 on_restart=lambda cause: self._metrics.watch_restarts.labels(
                     self.name, "upstream", cause
                 ).inc(),
             )
-            self.upstream_informers[url] = informer
+            self.upstream_reflectors[url] = reflector
             self._upstream_tasks[url] = asyncio.create_task(
-                informer.run(), name=f"informer {informer.name}"
+                reflector.run(), name=f"reflector {reflector.name}"
             )
         self._endpoints_known = True
 
     # --- running ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run informers, workers and the periodic resync until cancelled."""
+        """Run reflectors, workers and the periodic resync until cancelled."""
         tasks = [
             asyncio.create_task(
-                self.downstream_informer.run(), name=f"informer {self.downstream_informer.name}"
+                self.downstream_reflector.run(), name=f"reflector {self.downstream_reflector.name}"
             ),
             asyncio.create_task(self._resync_loop(), name=f"resync {self.name}"),
             *(
@@ -244,54 +259,49 @@ class ResourceController:
     def resync(self) -> None:
         """Queue every known key: upstream objects and the sources of downstream objects (the
         sweep: a downstream object whose source is gone is deleted by its reconcile)."""
-        for informer in self.upstream_informers.values():
-            for obj in informer.store.values():
+        for reflector in self.upstream_reflectors.values():
+            for obj in reflector.handler.objects.values():
                 if (key := upstream_key(obj)) is not None:
                     self.queue.add(key)
-        for obj in self.downstream_informer.store.values():
+        for obj in self.downstream_reflector.handler.objects.values():
             if (key := source_key(obj)) is not None:
                 self.queue.add(key)
         self._update_gauges()
 
     def _update_gauges(self) -> None:
         self._metrics.queue_depth.labels(self.name).set(len(self.queue))
-        upstream = sum(len(i.store) for i in self.upstream_informers.values())
+        upstream = sum(len(r.handler) for r in self.upstream_reflectors.values())
         self._metrics.objects.labels(self.name, "upstream").set(upstream)
         self._metrics.objects.labels(self.name, "downstream").set(
-            len(self.downstream_informer.store)
+            len(self.downstream_reflector.handler)
         )
         self._metrics.stuck_finalizers.labels(self.name).set(len(self.stuck))
 
     async def _worker(self) -> None:
-        while True:
-            try:
-                key = await self.queue.get()
-            except QueueShutDown:
-                return
-            try:
-                await self.sync(key)
-            except _Wait as wait:
-                self.queue.forget(key)
-                self.queue.add_after(key, wait.seconds)
-            except ApiError as e:
-                if e.code == 409:
-                    # A stale cache (our write raced an event): look again shortly, not an error.
-                    self._metrics.reconciles.labels(self.name, "conflict").inc()
-                    self.queue.add_rate_limited(key)
-                else:
-                    await self._failed(key, e)
-            except (SyncError, UpstreamUnavailable) as e:
-                await self._failed(key, e)
-            except Exception as e:
-                # A bug, not a sync problem; still retried and shown on the object.
-                log.exception("%s: unexpected error syncing %s", self.name, key)
-                await self._failed(key, e)
-            else:
-                self.queue.forget(key)
-                self._metrics.reconciles.labels(self.name, "ok").inc()
-            finally:
-                self.queue.done(key)
-                self._update_gauges()
+        await self.queue.work(self._process)
+
+    async def _process(self, key: ObjectKey) -> None:
+        """Sync one key from the queue and decide when to look at it again."""
+        try:
+            await self.sync(key)
+        except _Wait as wait:
+            self.queue.forget(key)
+            self.queue.add_after(key, wait.seconds)
+        except ApiConflict:
+            # A stale cache (our write raced an event): look again shortly, not an error.
+            self._metrics.reconciles.labels(self.name, "conflict").inc()
+            self.queue.add_rate_limited(key)
+        except (ApiError, SyncError, UpstreamUnavailable) as e:
+            await self._failed(key, e)
+        except Exception as e:
+            # A bug, not a sync problem; still retried and shown on the object.
+            log.exception("%s: unexpected error syncing %s", self.name, key)
+            await self._failed(key, e)
+        else:
+            self.queue.forget(key)
+            self._metrics.reconciles.labels(self.name, "ok").inc()
+        finally:
+            self._update_gauges()
 
     async def _failed(self, key: ObjectKey, error: Exception) -> None:
         delay = self.queue.add_rate_limited(key)
@@ -302,19 +312,17 @@ class ResourceController:
         upstream, endpoint = self.upstream_object(key)
         if upstream is None or endpoint is None:
             return  # nothing left to report on (gone from our view)
-        condition = reconcile.new_condition(
+        condition = sync_plan.new_condition(
             status=False,
             reason=reason,
             message=str(error)[:_MAX_MESSAGE],
             generation=(upstream.get("metadata") or {}).get("generation"),
         )
-        patch = reconcile.condition_patch(upstream, condition, now=self._clock.now())
+        patch = sync_plan.condition_patch(upstream, condition, now=self._clock.now())
         if patch is None:
             return
         try:
-            await api.merge_patch(
-                self._upstream, self._upstream_url(key, endpoint, "status"), patch
-            )
+            await self._upstream.merge_patch(self._upstream_url(key, endpoint, "status"), patch)
             self._metrics.writes.labels(self.name, "upstream", "status").inc()
         except (ApiError, UpstreamUnavailable) as e:
             log.warning("%s: cannot report the error on %s: %s", self.name, key, e)
@@ -328,7 +336,7 @@ class ResourceController:
             self._clear_stuck(key)
         downstream = self.downstream_object(key)
         tombstone = self.tombstones.get(key)
-        ctx = reconcile.Context(
+        ctx = sync_plan.Context(
             syncer=self.config.name,
             finalizer=self.config.finalizer,
             resource=self.resource,
@@ -337,7 +345,7 @@ class ResourceController:
             may_delete_orphans=self.synced,
             now=self._clock.now(),
         )
-        actions = reconcile.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
+        actions = sync_plan.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
         if actions:
             log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
         for action in actions:
@@ -346,18 +354,17 @@ class ResourceController:
             self.tombstones.pop(key, None)
 
     async def _execute(
-        self, key: ObjectKey, action: reconcile.Action, *, endpoint: str | None
+        self, key: ObjectKey, action: sync_plan.Action, *, endpoint: str | None
     ) -> None:
         name = self.name
         match action:
-            case reconcile.SetFinalizers(finalizers, rv, verify_gone):
+            case sync_plan.SetFinalizers(finalizers, rv, verify_gone):
                 assert endpoint is not None
                 if verify_gone is not None:
                     url = self.target.item(self._down_base, *verify_gone)
                     if await self._downstream.get(url) is not None:
                         raise _Wait(2.0, "downstream object still exists")
-                await api.merge_patch(
-                    self._upstream,
+                await self._upstream.merge_patch(
                     self._upstream_url(key, endpoint),
                     {"metadata": {"finalizers": list(finalizers), "resourceVersion": rv}},
                 )
@@ -369,21 +376,18 @@ class ResourceController:
                     self.config.finalizer,
                     "removed" if verify_gone else "added",
                 )
-            case reconcile.EnsureNamespace(namespace, metadata):
+            case sync_plan.EnsureNamespace(namespace, metadata):
                 await self._ensure_namespace(key, namespace, metadata)
-            case reconcile.Apply(namespace, obj_name, body):
+            case sync_plan.Apply(namespace, obj_name, body):
                 url = self.target.item(self._down_base, namespace, obj_name)
                 try:
-                    await api.apply(
-                        self._downstream, url, body, field_manager=self.config.field_manager
-                    )
-                except ApiError as e:
-                    if e.code == 404:
-                        self._namespaces_ok.discard(namespace)  # deleted behind our back
+                    await self._downstream.apply(url, body, field_manager=self.config.field_manager)
+                except ApiNotFound:
+                    self._namespaces_ok.discard(namespace)  # deleted behind our back
                     raise
                 self._metrics.writes.labels(name, "downstream", "apply").inc()
                 log.info("%s: %s: applied downstream %s/%s", name, key, namespace, obj_name)
-            case reconcile.Delete(namespace, obj_name, uid, confirm):
+            case sync_plan.Delete(namespace, obj_name, uid, confirm):
                 if confirm and endpoint is None:
                     endpoint = self._any_endpoint(key)
                 if confirm and endpoint is not None:
@@ -392,40 +396,36 @@ class ResourceController:
                         log.info("%s: %s: still exists upstream, not an orphan", name, key)
                         return
                 url = self.target.item(self._down_base, namespace, obj_name)
-                try:
-                    await api.delete(self._downstream, url, uid=uid or None)
-                except ApiError as e:
-                    if e.code not in (404, 409):  # gone already, or replaced (uid differs)
-                        raise
+                # gone already (404), or replaced: the uid differs (409)
+                with contextlib.suppress(ApiNotFound, ApiConflict):
+                    await self._downstream.delete(url, uid=uid or None)
                 self._metrics.writes.labels(name, "downstream", "delete").inc()
                 log.info("%s: %s: deleted downstream %s/%s", name, key, namespace, obj_name)
-            case reconcile.PatchStatus(patch):
+            case sync_plan.PatchStatus(patch):
                 assert endpoint is not None
                 try:
-                    result = await api.merge_patch(
-                        self._upstream, self._upstream_url(key, endpoint, "status"), patch
+                    result = await self._upstream.merge_patch(
+                        self._upstream_url(key, endpoint, "status"), patch
                     )
-                except ApiError as e:
-                    if e.code == 404:
-                        return  # deleted or out of view meanwhile; its event follows
-                    raise
+                except ApiNotFound:
+                    return  # deleted or out of view meanwhile; its event follows
                 self._metrics.writes.labels(name, "upstream", "status").inc()
                 self._check_conditions_kept(key, patch, result)
-            case reconcile.Wait(seconds, reason):
+            case sync_plan.Wait(seconds, reason):
                 raise _Wait(seconds, reason)
-            case reconcile.Blocked(message):
+            case sync_plan.Blocked(message):
                 raise OwnershipError(message)
-            case reconcile.Stuck(message):
+            case sync_plan.Stuck(message):
                 await self._report_stuck(key, message)
 
     def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
-        base = f"{endpoint}/clusters/{key.cluster}"
+        base = kcp.clusters(endpoint, key.cluster)
         return self.source.item(base, key.namespace or None, key.name, subresource=subresource)
 
     def _any_endpoint(self, key: ObjectKey) -> str | None:
         # A single endpoint is the common case; with several we cannot tell the shard, and a
         # 404 from the wrong one would be no proof: skip the confirmation GET then.
-        return next(iter(self.upstream_informers)) if len(self.upstream_informers) == 1 else None
+        return next(iter(self.upstream_reflectors)) if len(self.upstream_reflectors) == 1 else None
 
     async def _ensure_namespace(self, key: ObjectKey, namespace: str, metadata: JSON) -> None:
         if namespace in self._namespaces_ok:
@@ -444,9 +444,7 @@ class ResourceController:
                 )
                 self._metrics.writes.labels(self.name, "downstream", "namespace").inc()
                 log.info("%s: created downstream namespace %s for %s", self.name, namespace, key)
-            except ApiError as e:
-                if e.code != 409:
-                    raise
+            except ApiConflict:
                 existing = await self._downstream.get(url)  # created concurrently
                 if existing is None:
                     raise

@@ -11,10 +11,12 @@ means the slice's own workspace) to the APIExport, asks whether the export's own
 this slice's workspace (:mod:`vwserver.controller.consent`: implied in the export's own workspace,
 else a SubjectAccessReview in the export's workspace, asked on every reconcile), reads the
 export's endpoint slice, validates the selector, and derives status and route with the pure
-:mod:`vwserver.controller.reconcile`. Reconciles of one slice never run concurrently (one worker
-per key at a time). A slice that is not ready is retried with backoff (it becomes ready within a
-couple of seconds of its export appearing, or of the grant); a ready one is re-checked every
-``resync`` seconds, which picks up a changed or vanished upstream URL and a revoked grant.
+:mod:`vwserver.controller.slice_status`. The loop is :mod:`vwserver.k8s`'s: reflectors feed a
+:class:`~vwserver.k8s.queue.WorkQueue`, so reconciles of one slice never run concurrently (one
+worker per key at a time), and every wait is on the injected :class:`~vwserver.clock.Clock`.
+A slice that is not ready is retried with backoff (it becomes ready within a couple of seconds
+of its export appearing, or of the grant); a ready one is re-checked every ``resync`` seconds,
+which picks up a changed or vanished upstream URL and a revoked grant.
 Routes change atomically (:meth:`vwserver.routes.Routes.replace`), and a deleted slice's route,
 or a ready route replaced by a not-ready one, is retired, which ends its open watches. A ready
 slice whose re-check fails stops serving once its last confirmation is a resync old (fail
@@ -29,43 +31,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from vwserver.auth.reviews import post_review, review_allows
-from vwserver.clock import rfc3339
+from vwserver.clock import Clock, SystemClock, rfc3339
 from vwserver.controller import consent
-from vwserver.controller.informer import Backoff, Informer
-from vwserver.controller.reconcile import (
-    CLUSTER_ANNOTATION,
-    GROUP,
-    RESOURCE,
-    VERSION,
+from vwserver.controller.slice_status import (
     ExportLookup,
     desired,
     export_ref,
     slice_key,
     status_changed,
 )
-from vwserver.errors import BadGateway, UpstreamUnavailable
-from vwserver.k8s.client import JSON, ApiError, KubeClient
+from vwserver.errors import (
+    ApiError,
+    ApiForbidden,
+    ApiUnauthorized,
+    BadGateway,
+    UpstreamUnavailable,
+)
+from vwserver.k8s import kcp
+from vwserver.k8s.backoff import Backoff
+from vwserver.k8s.cache import Cache
+from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.lease import LeaderElector
+from vwserver.k8s.queue import WorkQueue
+from vwserver.k8s.reflector import Reflector
 from vwserver.metrics import ServerMetrics
 from vwserver.routes import Route, Routes, RouteTable
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
+WORKERS = 4
 
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     export_path: str
     """Workspace (path or ID) of vwserver's own APIExport."""
-    export_name: str = GROUP
+    export_name: str = kcp.SLICES.group
     external_url: str
     """How clients reach this vwserver; the prefix of every ``status.endpoints[].url``."""
     resync: float = 30.0
@@ -82,26 +89,22 @@ class SliceController:
         static: RouteTable | None = None,
         leader: LeaderElector | None = None,
         metrics: ServerMetrics | None = None,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self._client = client
         self._routes = routes
         self._settings = settings
         self._static = static or RouteTable()
         self._leader = leader
-        self._wall = wall
-        self._clock = clock
-        self._objects: dict[Key, JSON] = {}
+        self._clock = clock or SystemClock()
+        self._slices: list[Reflector[Cache[Key]]] = []
+        """One per virtual-workspace URL of vwserver's export (one per shard)."""
         self._dynamic: dict[Key, Route] = {}
-        self._failures: dict[Key, int] = {}
         self._verified: dict[Key, float] = {}
         """When each ready slice's export and consent were last confirmed (``clock``)."""
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
+        self.queue: WorkQueue[Key] = WorkQueue(clock=self._clock, backoff=settings.retry)
         self._metrics = metrics if metrics is not None else ServerMetrics()
-        self._metrics.queue_depth.set_function(self._queue.qsize)
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._metrics.queue_depth.set_function(self.queue.__len__)
         self._vw_urls: tuple[str, ...] = ()
         self._export_watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.synced = asyncio.Event()
@@ -113,7 +116,7 @@ class SliceController:
         async with asyncio.TaskGroup() as tasks:
             if self._leader is not None:
                 tasks.create_task(self._lead(self._leader))
-            for _ in range(4):
+            for _ in range(WORKERS):
                 tasks.create_task(self._worker())
             tasks.create_task(self._watch_slices())
 
@@ -138,102 +141,78 @@ class SliceController:
                 # Without a binding there is no endpoint, and so no slice anywhere yet.
                 self.synced.set()
                 failures += 1
-                await asyncio.sleep(self._settings.retry.delay(failures))
+                await self._clock.sleep(self._settings.retry.delay(failures))
         log.info("watching slices through %s", ", ".join(self._vw_urls))
+        self._slices = [
+            Reflector(
+                name=f"slices @ {url}",
+                client=self._client,
+                url=kcp.SLICES.collection(kcp.clusters(url)),
+                handler=Cache(key=slice_key, handler=_Enqueue(self.queue.add)),
+                clock=self._clock,
+                backoff=self._settings.retry,
+            )
+            for url in self._vw_urls
+        ]
         async with asyncio.TaskGroup() as tasks:
-            for url in self._vw_urls:
-                path = f"{url}/clusters/*/apis/{GROUP}/{VERSION}/{RESOURCE}"
-                informer = Informer(
-                    client=self._client,
-                    path=path,
-                    on_list=self._on_list,
-                    on_event=self._on_event,
-                    backoff=self._settings.retry,
-                )
-                tasks.create_task(informer.run())
+            for reflector in self._slices:
+                tasks.create_task(reflector.run())
+            await asyncio.gather(*(r.synced.wait() for r in self._slices))
+            self.synced.set()
 
     async def _own_endpoints(self) -> tuple[str, ...]:
         s = self._settings
         eps = await self._client.get(
-            f"/clusters/{s.export_path}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices/"
-            f"{s.export_name}"
+            kcp.APIEXPORT_ENDPOINT_SLICES.item(kcp.workspace(s.export_path), None, s.export_name)
         )
-        endpoints = ((eps or {}).get("status") or {}).get("endpoints") or []
-        return tuple(str(e["url"]).rstrip("/") for e in endpoints if e.get("url"))
+        return tuple(kcp.endpoint_urls(eps))
 
-    # --- informer callbacks (synchronous: they only record and enqueue) ---------------------
+    def _object(self, key: Key) -> JSON | None:
+        for reflector in self._slices:
+            if (obj := reflector.handler.get(key)) is not None:
+                return obj
+        return None
 
-    def _on_list(self, items: list[JSON]) -> None:
-        seen = {slice_key(obj): obj for obj in items}
-        for key in set(self._objects) - set(seen):
-            self._objects.pop(key, None)
-            self._enqueue(key)
-        for key, obj in seen.items():
-            self._objects[key] = obj
-            self._enqueue(key)
-        self.synced.set()
-
-    def _on_event(self, kind: str, obj: JSON) -> None:
-        key = slice_key(obj)
-        if kind == "DELETED":
-            self._objects.pop(key, None)
-        else:
-            self._objects[key] = obj
-        self._enqueue(key)
-
-    def _enqueue(self, key: Key) -> None:
-        if timer := self._timers.pop(key, None):
-            timer.cancel()
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-
-    def _enqueue_after(self, key: Key, delay: float) -> None:
-        if timer := self._timers.pop(key, None):
-            timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_later(delay, self._enqueue, key)
+    def _objects(self) -> Iterator[tuple[Key, JSON]]:
+        for reflector in self._slices:
+            yield from reflector.handler.objects.items()
 
     # --- reconciling -----------------------------------------------------------------------
 
     async def _worker(self) -> None:
+        await self.queue.work(self._process)
+
+    async def _process(self, key: Key) -> None:
+        """Reconcile one key from the queue and decide when to look at it again."""
         reconciles = self._metrics.reconciles
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            try:
-                ready = await self.reconcile(key)
-            except (ApiError, UpstreamUnavailable) as e:
-                reconciles.labels("error").inc()
-                self._expire(key)
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = self._settings.retry.delay(failures)
-                log.warning("reconciling slice %s/%s: %s; retry in %.1fs", *key, e, delay)
-                self._enqueue_after(key, delay)
-                continue
-            result = "deleted" if ready is None else "ready" if ready else "not_ready"
-            reconciles.labels(result).inc()
-            if ready is None:
-                continue
-            if ready:
-                self._failures.pop(key, None)
-                self._enqueue_after(key, self._settings.resync)
-            else:
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                self._enqueue_after(key, self._settings.retry.delay(failures))
+        try:
+            ready = await self.reconcile(key)
+        except (ApiError, UpstreamUnavailable) as e:
+            reconciles.labels("error").inc()
+            self._expire(key)
+            delay = self.queue.add_rate_limited(key)
+            log.warning("reconciling slice %s/%s: %s; retry in %.1fs", *key, e, delay)
+            return
+        reconciles.labels("deleted" if ready is None else "ready" if ready else "not_ready").inc()
+        if ready is None:
+            self.queue.forget(key)
+        elif ready:
+            self.queue.forget(key)
+            self.queue.add_after(key, self._settings.resync)
+        else:
+            self.queue.add_rate_limited(key)
 
     async def reconcile(self, key: Key) -> bool | None:
         """Bring one slice's route and status in line; whether it is ready (None: deleted)."""
         self._follow_exports()
-        obj = self._objects.get(key)
+        obj = self._object(key)
         if obj is None:
             self._verified.pop(key, None)
             if self._dynamic.pop(key, None) is not None:
                 log.info("slice %s/%s deleted: no longer served", *key)
                 self._publish()
-            self._failures.pop(key, None)
             return None
-        checked = self._clock()
+        checked = self._clock.monotonic()
         lookup = await self._lookup(obj)
         current = obj.get("status") or {}
         outcome = desired(
@@ -241,9 +220,8 @@ class SliceController:
             lookup=lookup,
             external_url=self._settings.external_url,
             previous=current.get("conditions") or [],
-            now=rfc3339(self._wall()),
+            now=rfc3339(self._clock.now()),
         )
-        assert outcome.route is not None
         if outcome.route.not_ready is None:
             self._verified[key] = checked
         else:
@@ -266,11 +244,11 @@ class SliceController:
         """A reconcile failed: a ready route whose export and consent were last confirmed a
         resync or more ago stops serving (503) until a reconcile succeeds again — a grant is
         never trusted longer than ``resync``, even while kcp cannot be asked."""
-        route, obj = self._dynamic.get(key), self._objects.get(key)
+        route, obj = self._dynamic.get(key), self._object(key)
         verified = self._verified.get(key)
         if route is None or obj is None or route.not_ready is not None or verified is None:
             return
-        if self._clock() - verified < self._settings.resync:
+        if self._clock.monotonic() - verified < self._settings.resync:
             return  # confirmed recently: ride out a short hiccup
         self._verified.pop(key, None)
         lookup = ExportLookup(
@@ -279,9 +257,11 @@ class SliceController:
             reason="APIExportUnverified",
         )
         outcome = desired(
-            obj, lookup=lookup, external_url=self._settings.external_url, now=rfc3339(self._wall())
+            obj,
+            lookup=lookup,
+            external_url=self._settings.external_url,
+            now=rfc3339(self._clock.now()),
         )
-        assert outcome.route is not None
         self._set_route(key, outcome.route)
 
     async def _lookup(self, obj: JSON) -> ExportLookup:
@@ -290,21 +270,15 @@ class SliceController:
             return ExportLookup(error="spec.export.name is empty", reason="InvalidReference")
         where = f"APIExport {name} in workspace {path}"
         try:
-            export = await self._client.get(
-                f"/clusters/{path}/apis/apis.kcp.io/v1alpha2/apiexports/{name}"
+            export = await self._client.get(kcp.APIEXPORTS.item(kcp.workspace(path), None, name))
+        except (ApiUnauthorized, ApiForbidden) as e:
+            return ExportLookup(
+                error=f"{where}: vwserver is not allowed to read it ({e.message})",
+                reason="APIExportForbidden",
             )
-        except ApiError as e:
-            if e.code in (401, 403):
-                return ExportLookup(
-                    error=f"{where}: vwserver is not allowed to read it ({e.message})",
-                    reason="APIExportForbidden",
-                )
-            raise
         if export is None:
             return ExportLookup(error=f"{where} not found", reason="APIExportNotFound")
-        export_cluster = str(
-            ((export.get("metadata") or {}).get("annotations") or {}).get(CLUSTER_ANNOTATION, "")
-        )
+        export_cluster = kcp.logical_cluster(export)
         slice_cluster = slice_key(obj)[0]
         granted: bool | None = None  # not asked: implied in the export's own workspace
         if not consent.implied(slice_cluster=slice_cluster, export_cluster=export_cluster):
@@ -315,10 +289,9 @@ class SliceController:
                     export_cluster=export_cluster, granted=granted, consent_error=problem
                 )
         eps = await self._client.get(
-            f"/clusters/{path}/apis/apis.kcp.io/v1alpha1/apiexportendpointslices/{name}"
+            kcp.APIEXPORT_ENDPOINT_SLICES.item(kcp.workspace(path), None, name)
         )
-        endpoints = ((eps or {}).get("status") or {}).get("endpoints") or []
-        urls = tuple(str(e["url"]).rstrip("/") for e in endpoints if e.get("url"))
+        urls = tuple(kcp.endpoint_urls(eps))
         return ExportLookup(export_cluster=export_cluster, granted=granted, urls=urls)
 
     async def _consent(
@@ -331,7 +304,7 @@ class SliceController:
         review. A transient failure raises (the worker retries, see :meth:`_expire`).
         """
         if not export_cluster:
-            return None, f"the APIExport has no {CLUSTER_ANNOTATION} annotation"
+            return None, f"the APIExport has no {kcp.CLUSTER_ANNOTATION} annotation"
         try:
             status = await post_review(
                 self._client,
@@ -353,13 +326,9 @@ class SliceController:
 
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
         cluster, name = slice_key(obj)
-        base = self._vw_urls[0] if self._vw_urls else ""
-        path = f"{base}/clusters/{cluster}/apis/{GROUP}/{VERSION}/{RESOURCE}/{name}/status"
-        await self._client.request(
-            "PATCH",
-            path,
-            body={"status": status},
-            content_type="application/merge-patch+json",
+        base = kcp.clusters(self._vw_urls[0] if self._vw_urls else "", cluster)
+        await self._client.merge_patch(
+            kcp.SLICES.item(base, None, name, subresource="status"), {"status": status}
         )
 
     def _publish(self) -> None:
@@ -375,7 +344,7 @@ class SliceController:
         slice reacts at once when its export appears, changes or goes away — including the
         endpoint URL that kcp publishes only when the first APIBinding exists (issue #4 §2).
         The requeue/resync timers stay as a safety net."""
-        wanted = {export_ref(obj) for obj in self._objects.values()}
+        wanted = {export_ref(obj) for _, obj in self._objects()}
         wanted.discard(("", ""))
         for ref in set(self._export_watches) - wanted:
             self._export_watches.pop(ref).cancel()
@@ -387,23 +356,23 @@ class SliceController:
     async def _watch_export(self, ref: tuple[str, str]) -> None:
         path, name = ref
 
-        def touched(*_: object) -> None:
-            for key, obj in list(self._objects.items()):
+        def touched() -> None:
+            for key, obj in list(self._objects()):
                 if export_ref(obj) == ref:
-                    self._enqueue(key)
+                    self.queue.add(key)
 
-        selector = [("fieldSelector", f"metadata.name={name}")]
         async with asyncio.TaskGroup() as tasks:
-            for collection in ("v1alpha2/apiexports", "v1alpha1/apiexportendpointslices"):
-                informer = Informer(
+            for resource in (kcp.APIEXPORTS, kcp.APIEXPORT_ENDPOINT_SLICES):
+                reflector = Reflector(
+                    name=f"{resource.resource} {path}/{name}",
                     client=self._client,
-                    path=f"/clusters/{path}/apis/apis.kcp.io/{collection}",
-                    query=selector,
-                    on_list=touched,
-                    on_event=touched,
+                    url=resource.collection(kcp.workspace(path)),
+                    field_selector=f"metadata.name={name}",
+                    handler=_Touch(touched),
+                    clock=self._clock,
                     backoff=self._settings.retry,
                 )
-                tasks.create_task(informer.run())
+                tasks.create_task(reflector.run())
 
     async def aclose(self) -> None:
         for task in self._export_watches.values():
@@ -412,8 +381,36 @@ class SliceController:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._export_watches.clear()
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self.queue.shutdown()
         with contextlib.suppress(Exception):
             self._routes.replace(self._static)
+
+
+class _Enqueue:
+    """A :class:`~vwserver.k8s.cache.CacheHandler` that queues the key of whatever changed."""
+
+    def __init__(self, add: Callable[[Key], None]) -> None:
+        self._add = add
+
+    def on_upsert(self, obj: JSON) -> None:
+        self._add(slice_key(obj))
+
+    def on_delete(self, obj: JSON) -> None:
+        self._add(slice_key(obj))
+
+
+class _Touch:
+    """A :class:`~vwserver.k8s.reflector.ReflectorHandler` that only says "something happened"
+    (after every list too: an export's appearance must not wait for a resync)."""
+
+    def __init__(self, touched: Callable[[], None]) -> None:
+        self._touched = touched
+
+    def on_list(self, items: list[JSON], resource_version: str) -> None:
+        self._touched()
+
+    def on_event(self, kind: str, obj: JSON) -> None:
+        self._touched()
+
+    def on_bookmark(self, resource_version: str) -> None:
+        pass

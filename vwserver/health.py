@@ -1,0 +1,75 @@
+"""Health and metrics endpoints, the same for ``vwserver serve`` and ``vwserver sync``.
+
+* ``/healthz``, ``/livez``: the process serves (liveness; never depends on kcp).
+* ``/readyz``: ``200 ok`` when ``problems()`` is empty, else ``503`` with one ``not ready: …``
+  line per problem (``serve``: shutting down, slices not listed yet; ``sync``: an informer that
+  has not listed, e.g. ``upstream …: not synced (403 Forbidden: …)``).
+* the metrics path (default ``/metrics``): Prometheus text format of the caller's registry.
+
+``serve`` adds these routes to its proxy app (:func:`add_health_routes`, one port);
+``sync`` serves them alone (:func:`health_app`, plus its ``/debug/stuck``). All are
+unauthenticated: they show no objects and no credentials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from vwserver.metrics import CONTENT_TYPE
+
+HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
+METRICS_PATH = "/metrics"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_health_routes(
+    app: web.Application,
+    *,
+    problems: Callable[[], Sequence[str]],
+    metrics: Callable[[], bytes] | None,
+    metrics_path: str | None = METRICS_PATH,
+) -> None:
+    """Add the health endpoints, and ``metrics`` (a registry's rendering) at ``metrics_path``
+    unless either is None, to ``app``."""
+    for path in ("/healthz", "/livez"):
+        app.router.add_get(path, _ok)
+    app.router.add_get("/readyz", _readyz(problems))
+    if metrics is not None and metrics_path is not None:
+        app.router.add_get(metrics_path, _metrics(metrics))
+
+
+def health_app(
+    *,
+    problems: Callable[[], Sequence[str]],
+    metrics: Callable[[], bytes] | None,
+    metrics_path: str | None = METRICS_PATH,
+) -> web.Application:
+    """An app serving only the health and metrics endpoints."""
+    app = web.Application()
+    add_health_routes(app, problems=problems, metrics=metrics, metrics_path=metrics_path)
+    return app
+
+
+async def _ok(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _readyz(problems: Callable[[], Sequence[str]]) -> Handler:
+    async def readyz(_: web.Request) -> web.Response:
+        found = problems()
+        if found:
+            return web.Response(status=503, text="".join(f"not ready: {p}\n" for p in found))
+        return web.Response(text="ok")
+
+    return readyz
+
+
+def _metrics(render: Callable[[], bytes]) -> Handler:
+    async def metrics(_: web.Request) -> web.Response:
+        # Content-Type as a header: web.Response's content_type refuses parameters (version=).
+        return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE})
+
+    return metrics
