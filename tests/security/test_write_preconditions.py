@@ -9,20 +9,9 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Env, env
+from tests.integration.test_proxy_writes import APPLY, JSONPATCH, MERGE, send
 
 __all__ = ["env"]  # the fixture, imported so that pytest finds it here
-
-JSONPATCH = {"Content-Type": "application/json-patch+json"}
-MERGE = {"Content-Type": "application/merge-patch+json"}
-APPLY = {"Content-Type": "application/apply-patch+yaml"}
-
-
-async def send(env: Env, method: str, url: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
-    data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-    headers = kw.pop("headers", {"Content-Type": "application/json"})
-    async with env.session.request(method, url, data=data, headers=headers, **kw) as r:
-        raw = await r.read()
-        return r.status, json.loads(raw) if raw else None
 
 
 def stored(env: Env, name: str, ns: str = "ns1") -> dict[str, Any]:
