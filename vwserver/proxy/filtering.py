@@ -182,6 +182,12 @@ LIST_FOOTER = b"]}\n"
 
 def synthetic_deleted(head: ObjectHead) -> bytes:
     """A DELETED event that identifies the object and says nothing else about it."""
+    return _encoder.encode({"type": "DELETED", "object": _identity(head)}) + b"\n"
+
+
+def _identity(head: ObjectHead) -> dict[str, object]:
+    """The object reduced to what identifies it (kind, name, namespace, uid, resourceVersion,
+    its ``kcp.io/cluster``)."""
     meta: dict[str, object] = {"name": head.metadata.name}
     if head.metadata.namespace:
         meta["namespace"] = head.metadata.namespace
@@ -192,8 +198,7 @@ def synthetic_deleted(head: ObjectHead) -> bytes:
     cluster = (head.metadata.annotations or {}).get(CLUSTER_ANNOTATION)
     if cluster:
         meta["annotations"] = {CLUSTER_ANNOTATION: cluster}
-    obj = {"apiVersion": head.apiVersion, "kind": head.kind, "metadata": meta}
-    return _encoder.encode({"type": "DELETED", "object": obj}) + b"\n"
+    return {"apiVersion": head.apiVersion, "kind": head.kind, "metadata": meta}
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,8 +290,7 @@ def _synthetic_table_deleted(line: bytes | memoryview) -> bytes:
     for row in event.object.rows or []:
         if row.object is None:
             continue
-        identity = msgspec.json.decode(synthetic_deleted(row.object))["object"]
-        rows.append({"cells": [row.object.metadata.name], "object": identity})
+        rows.append({"cells": [row.object.metadata.name], "object": _identity(row.object)})
     table: dict[str, object] = {
         "kind": "Table",
         "apiVersion": event.object.apiVersion,

@@ -77,6 +77,10 @@ _DELETE_OPTIONS = frozenset(
     }
 )
 
+# The query parameters of a DELETE (DeleteOptions); the rest of a deletecollection's query
+# lists what to delete.
+_DELETE_QUERY = ("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents")
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -191,16 +195,10 @@ async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
         raise BadRequest("preconditions are not supported for deletecollection")
     selector = ctx.effective_selector()
     list_query = [
-        *ctx.upstream_query(
-            drop=("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents", "limit")
-        ),
+        *ctx.upstream_query(drop=(*_DELETE_QUERY, "limit")),
         ("limit", str(ctx.page_size)),
     ]
-    delete_query = [
-        (k, v)
-        for k, v in ctx.options.items
-        if k in ("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents")
-    ]
+    delete_query = [(k, v) for k, v in ctx.options.items if k in _DELETE_QUERY]
     headers = ctx.upstream_headers()
     deleted: list[bytes] = []
     kind = api_version = ""
