@@ -111,7 +111,7 @@ class ProxyHandler:
                 # The proxy's own errors are raised, so a 5xx returned is the upstream's, relayed.
                 if response.status >= 500:
                     self._metrics.upstream_errors.labels(m.UPSTREAM_5XX).inc()
-                elif response.status in (401, 403) and self._delegated:
+                elif response.status in (401, 403) and self._delegated and not response.prepared:
                     response = _upstream_denial(record, response)
             code = response.status
             return response

@@ -43,7 +43,10 @@ async def relay_whole(upstream: aiohttp.ClientResponse) -> web.Response:
 async def relay_stream(
     request: web.Request, upstream: aiohttp.ClientResponse
 ) -> web.StreamResponse:
-    """Stream an upstream response through unchanged (discovery, apibindings)."""
+    """Stream an upstream response through unchanged (discovery, apibindings); an error is
+    relayed whole, so that the handler can still replace it (see its upstream denials)."""
+    if upstream.status != 200:
+        return await relay_whole(upstream)
     response = web.StreamResponse(status=upstream.status, headers=response_headers(upstream))
     await response.prepare(request)
     if not headers_only(request):
