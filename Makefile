@@ -30,7 +30,7 @@ go-clients:
 	@scripts/go/build.sh vwprovider >/dev/null
 
 run: setup
-	$(BIN)/python -m vwserver.devenv.demo
+	$(BIN)/python -m devenv.demo
 
 test: setup check pytest
 

@@ -37,8 +37,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from vwserver.devenv.bootstrap import DEMO_DIR, DEMO_USERS_FILE, Bootstrap, bootstrap
-from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, free_ports, start_kcp
+from devenv.bootstrap import DEMO_DIR, DEMO_USERS_FILE, Bootstrap, bootstrap
+from devenv.kcp import KcpError, KcpInstance, build_kcp, free_ports, start_kcp
 
 _HERE = Path(__file__).parent
 _KCP_DIRS = (_HERE / "e2e", _HERE / "conformance")
@@ -117,7 +117,7 @@ async def kcp(
 
 @pytest.fixture(scope="session")
 def kcp_binary(request: pytest.FixtureRequest) -> Path:
-    """The local kcp binary (tests of vwserver.devenv's process handling need one)."""
+    """The local kcp binary (tests of devenv's process handling need one)."""
     if os.environ.get("KCP_KUBECONFIG") or os.environ.get("KCP_IMAGE"):
         pytest.skip("KCP_KUBECONFIG/KCP_IMAGE: no local kcp binary in use")
     binary = request.config.stash.get(_BINARY_KEY, "kcp binary lookup did not run")

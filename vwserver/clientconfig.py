@@ -35,8 +35,15 @@ from urllib.parse import urlsplit
 import yaml
 
 from vwserver.config.base import LOGICAL_CLUSTER_RE, OBJECT_NAME_RE, WORKSPACE_RE
-from vwserver.errors import ConfigError, UpstreamUnavailable
-from vwserver.k8s.client import ApiError, KubeClient
+from vwserver.errors import (
+    ApiError,
+    ApiForbidden,
+    ApiUnauthorized,
+    ConfigError,
+    UpstreamUnavailable,
+)
+from vwserver.k8s import kcp
+from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
 from vwserver.k8s.kubeconfig import ClientAuth, PluginToken, load_kubeconfig
 
@@ -109,7 +116,7 @@ def cluster_server(endpoint: str, *, cluster: str) -> str:
             f"{endpoint!r} already names a cluster; give the slice URL and use --cluster",
         )
     check_cluster(cluster)
-    return f"{endpoint.rstrip('/')}/clusters/{cluster}"
+    return kcp.clusters(endpoint, cluster)
 
 
 def check_cluster(cluster: str) -> None:
@@ -197,7 +204,7 @@ def slice_path(source_server: str, *, name: str, workspace: str | None) -> str:
             )
     if not WORKSPACE_RE.match(workspace):
         raise ConfigError("--workspace", f"{workspace!r} is not a workspace path or cluster ID")
-    return SLICES.item(f"/clusters/{workspace}", None, name)
+    return SLICES.item(kcp.workspace(workspace), None, name)
 
 
 def first_endpoint(obj: Mapping[str, Any], *, name: str) -> str:
@@ -310,7 +317,7 @@ async def _fetch(credentials: ClientAuth, path: str) -> dict[str, Any]:
         async with KubeClient(auth=credentials, timeout=FETCH_TIMEOUT) as client:
             obj = await client.get(path)
     except ApiError as e:
-        flag = "--kubeconfig" if e.code in (401, 403) else "--slice"
+        flag = "--kubeconfig" if isinstance(e, ApiUnauthorized | ApiForbidden) else "--slice"
         message = " ".join(e.message.split())  # one line, whatever the server sent
         raise ConfigError(flag, f"kcp answered {e.code} {e.reason}: {message}") from e
     except UpstreamUnavailable as e:

@@ -47,6 +47,7 @@ from vwserver.config.base import client_auth
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.errors import ConfigError
 from vwserver.health import add_health_routes
+from vwserver.k8s import kcp
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR, ClientAuth
 from vwserver.k8s.lease import LeaderElector
@@ -161,14 +162,15 @@ async def upstream_auth(
 
 def static_routes(config: Config, *, auth: ClientAuth) -> RouteTable:
     """The route table of the slices listed in the config file (static mode)."""
-    origin = _origin(auth.server)
     routes = []
     for i, s in enumerate(config.slices):
         if s.upstream_url is not None:
             url = s.upstream_url.rstrip("/")
         else:
             assert s.export is not None
-            url = f"{origin}/services/apiexport/{s.export.cluster}/{s.export.name}"
+            url = kcp.export_virtual_workspace(
+                auth.server, cluster=s.export.cluster, name=s.export.name
+            )
         routes.append(
             Route(
                 cluster=s.cluster,
@@ -178,12 +180,6 @@ def static_routes(config: Config, *, auth: ClientAuth) -> RouteTable:
             )
         )
     return RouteTable(routes)
-
-
-def _origin(server: str) -> str:
-    """scheme://host:port of a kubeconfig server URL (which may end in /clusters/<ws>)."""
-    scheme, _, rest = server.partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def connection_limits(config: Config) -> ConnectionLimits:
@@ -296,7 +292,7 @@ def build_controller(
         workspace = c.lease.workspace or c.export.path
         leader = LeaderElector(
             client=client,
-            base=f"{client.origin}/clusters/{workspace}",
+            base=kcp.workspace(workspace, server=client.origin),
             namespace="default",
             name=c.lease.name,
             identity=c.lease.identity or f"{socket.gethostname()}-{os.getpid()}",

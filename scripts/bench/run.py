@@ -31,6 +31,9 @@ from pathlib import Path
 import aiohttp
 
 REPO = Path(__file__).resolve().parents[2]
+# The fake upstream (fakekcp) and the dev environment (devenv) live beside the package in the
+# repository, not in it: this script and the processes it starts import them from there.
+sys.path.insert(0, str(REPO))
 SLICE_CLUSTER = "benchslice"
 EXPORT_CLUSTER = "exportid"
 EXPORT_NAME = "widgets.example.io"
@@ -68,7 +71,7 @@ async def wait_http(url: str, *, within: float = 60.0) -> None:
 
 @contextlib.asynccontextmanager
 async def process(args: list[str], *, ready_url: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    proc = await asyncio.create_subprocess_exec(*args, stdout=subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(*args, stdout=subprocess.DEVNULL, cwd=REPO)
     try:
         await wait_http(ready_url)
         yield proc
@@ -85,7 +88,7 @@ async def process(args: list[str], *, ready_url: str) -> AsyncIterator[asyncio.s
 async def fake_upstream(objects: int) -> AsyncIterator[str]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "vwserver.testing.fake_upstream"]
+    args = [sys.executable, "-m", "fakekcp.upstream"]
     args += ["--port", str(port), "--objects", str(objects)]
     args += ["--user", f"{TOKEN}@{SLICE_CLUSTER}/prod"]
     vw = f"{base}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}"
@@ -219,8 +222,8 @@ async def bench_rss(small: int, large: int, page_size: int) -> None:
 
 async def bench_kcp(objects: int, repeat: int, page_size: int) -> None:
     """The same LIST and watch comparisons with real kcp as the upstream (its APIExport VW)."""
-    from vwserver.devenv.bootstrap import DEMO_USERS_FILE, bootstrap
-    from vwserver.devenv.kcp import build_kcp, start_kcp
+    from devenv.bootstrap import DEMO_USERS_FILE, bootstrap
+    from devenv.kcp import build_kcp, start_kcp
 
     binary = await asyncio.to_thread(build_kcp)
     async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import aiohttp
 import pytest_asyncio
 
-from vwserver.devenv.bootstrap import Bootstrap
-from vwserver.devenv.kcp import KcpInstance
+from devenv.bootstrap import Bootstrap
+from devenv.kcp import KcpInstance
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 SLICE = "prod"
 SELECTOR = Selector.parse("env=prod")

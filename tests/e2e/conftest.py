@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vwserver.devenv.kcp import REPO_ROOT
+from devenv.kcp import REPO_ROOT
 
 GO_BUILD_SCRIPT = REPO_ROOT / "scripts" / "go" / "build.sh"
 # fixture name -> (binary, where the build's result is kept: the binary, or why there is none)

@@ -17,24 +17,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from vwserver.auth.guard import Guard
-from vwserver.controller.slices import ControllerSettings, SliceController
-from vwserver.devenv.bootstrap import (
+from devenv.bootstrap import (
     Bootstrap,
     Workspace,
     apply_retrying,
     poll,
     wait_workspace_ready,
 )
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import bind_api, install_api, slice_manifest
+from devenv.kcp import KcpInstance
+from devenv.slices import bind_api, install_api, slice_manifest
+from tests.support.serve import NO_AUTH, serve_app
+from vwserver.auth.guard import Guard
+from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 API_WS = "vwserver-api"
 T = TypeVar("T")

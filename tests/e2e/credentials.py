@@ -30,8 +30,8 @@ import yaml
 from aiohttp import web
 from yarl import URL
 
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.testing.serve import serve_app
+from devenv.kcp import KcpInstance
+from tests.support.serve import serve_app
 
 EXEC_API_VERSION = "client.authentication.k8s.io/v1"
 

@@ -34,20 +34,20 @@ import pytest_asyncio
 import trustme
 import yaml
 
+from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll
+from devenv.kcp import KcpInstance, KubectlResult
+from devenv.slices import rbac_docs, slice_grant
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import AuthMode, Guard
 from vwserver.auth.tls import ServingTLS
 from vwserver.auth.tokens import TokenReviewer
-from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll
-from vwserver.devenv.kcp import KcpInstance, KubectlResult
-from vwserver.devenv.slices import rbac_docs, slice_grant
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import serve_app
 
 SA = "vwserver-e2e"
 SLICE_A, SLICE_B = "auth-a", "auth-b"  # env=prod, env=dev

@@ -18,6 +18,9 @@ from typing import Any
 import aiohttp
 import pytest_asyncio
 
+from devenv.bootstrap import Bootstrap, Workspace, apply_retrying
+from devenv.kcp import KcpInstance
+from devenv.slices import export_grant, export_grant_binding, wait_slice_ready
 from tests.e2e.controller_env import (
     Served,
     condition,
@@ -27,9 +30,6 @@ from tests.e2e.controller_env import (
     unique,
 )
 from vwserver.clock import SystemClock
-from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import export_grant, export_grant_binding, wait_slice_ready
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.k8s.lease import LeaderElector

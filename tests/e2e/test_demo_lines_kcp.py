@@ -1,9 +1,9 @@
 """What ``make run`` prints is tested: every kubectl and curl line, run exactly as printed.
 
-The demo's lines come from one pure function, :func:`vwserver.devenv.demo.demo_lines`; the demo
-prints them (:func:`~vwserver.devenv.demo.demo_text`) and this module runs each one with
+The demo's lines come from one pure function, :func:`devenv.demo.demo_lines`; the demo
+prints them (:func:`~devenv.demo.demo_text`) and this module runs each one with
 ``bash -c`` from the directory they were rendered for, against a vwserver started by the demo's
-own :func:`~vwserver.devenv.demo.serve_demo` on the session's kcp (real ``vwserver serve`` in kcp
+own :func:`~devenv.demo.serve_demo` on the session's kcp (real ``vwserver serve`` in kcp
 mode, over TLS, kubeconfigs written by the demo). Each line's output is checked against what kcp
 itself holds (read as kcp-admin), so other tests' objects never confuse the comparison.
 
@@ -32,10 +32,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.e2e.controller_env import API_WS
-from vwserver.devenv import demo as demo_module
-from vwserver.devenv.bootstrap import Bootstrap
-from vwserver.devenv.demo import (
+from devenv import demo as demo_module
+from devenv.bootstrap import Bootstrap
+from devenv.demo import (
     SLICES,
     DemoLine,
     DemoServer,
@@ -45,8 +44,9 @@ from vwserver.devenv.demo import (
     serve_demo,
     shown_path,
 )
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import KIND
+from devenv.kcp import KcpInstance
+from devenv.slices import KIND
+from tests.e2e.controller_env import API_WS
 
 TIMEOUT = 30.0  # seconds for any one command or awaited output
 

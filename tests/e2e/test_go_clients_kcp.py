@@ -29,14 +29,14 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest_asyncio
 
-from vwserver.devenv.bootstrap import Bootstrap, Workspace
-from vwserver.devenv.kcp import KcpInstance
+from devenv.bootstrap import Bootstrap, Workspace
+from devenv.kcp import KcpInstance
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from vwserver.devenv.bootstrap import SAMPLE_NAMESPACES, Bootstrap, SampleWidget, Workspace
-from vwserver.devenv.kcp import KcpError, KcpInstance, start_kcp
+from devenv.bootstrap import SAMPLE_NAMESPACES, Bootstrap, SampleWidget, Workspace
+from devenv.kcp import KcpError, KcpInstance, start_kcp
 
 Observe = Callable[[str], None]
 
@@ -441,7 +441,7 @@ def test_vwserver_not_found_matches_kcp() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# vwserver.devenv's own failure handling (needs the local binary, not the shared instance)
+# devenv's own failure handling (needs the local binary, not the shared instance)
 
 
 def kcp_processes_using(root_dir: Path) -> list[int]:

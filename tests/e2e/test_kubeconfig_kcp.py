@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from devenv.bootstrap import Bootstrap, apply_retrying, wait_workspace_ready
+from devenv.kcp import KcpInstance
 from tests.integration.test_kubeconfig_cmd import vwserver_kubeconfig
-from vwserver.devenv.bootstrap import Bootstrap, apply_retrying, wait_workspace_ready
-from vwserver.devenv.kcp import KcpInstance
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "filteredapiexportendpointslices.yaml"

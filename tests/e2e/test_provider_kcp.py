@@ -38,14 +38,14 @@ import pytest_asyncio
 import trustme
 import yaml
 
+from devenv.bootstrap import DEMO_DIR, Bootstrap, Workspace, apply_retrying, poll
+from devenv.kcp import KcpInstance
+from devenv.slices import rbac_docs, wait_slice_ready
 from tests.e2e.controller_env import Served, create_workspace, serving, unique
 from tests.e2e.test_go_clients_kcp import GoClient, clients, remove_namespace
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
 from vwserver.auth.tokens import TokenReviewer
-from vwserver.devenv.bootstrap import DEMO_DIR, Bootstrap, Workspace, apply_retrying, poll
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import rbac_docs, wait_slice_ready
 from vwserver.k8s.client import KubeClient
 
 API = "apis/example.io/v1alpha1"

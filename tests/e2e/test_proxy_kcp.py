@@ -20,17 +20,17 @@ import aiohttp
 import pytest_asyncio
 import yaml
 
+from devenv.bootstrap import Bootstrap, Workspace
+from devenv.kcp import KcpInstance, KubectlResult, free_ports
 from tests.e2e.credentials import admin_token, exec_runs, write_exec_kubeconfig
+from tests.support.kubectl import JsonStream
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.config import parse_config
-from vwserver.devenv.bootstrap import Bootstrap, Workspace
-from vwserver.devenv.kcp import KcpInstance, KubectlResult, free_ports
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app, serve
-from vwserver.testing.kubectl import JsonStream
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 EVENT_TIMEOUT = 20.0
 

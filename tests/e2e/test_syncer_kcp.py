@@ -30,20 +30,21 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from tests.e2e.credentials import (
-    exec_runs,
-    in_cluster,
-    service_account_token,
-    write_exec_kubeconfig,
-)
-from vwserver.devenv.bootstrap import (
+from devenv.bootstrap import (
     Workspace,
     apply_retrying,
     get_field,
     poll,
     wait_workspace_ready,
 )
-from vwserver.devenv.kcp import KcpInstance
+from devenv.kcp import KcpInstance
+from tests.e2e.credentials import (
+    exec_runs,
+    in_cluster,
+    service_account_token,
+    write_exec_kubeconfig,
+)
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
@@ -57,7 +58,6 @@ from vwserver.syncer.naming import (
     finalizer,
 )
 from vwserver.syncer.runner import Syncer
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "config" / "syncer"

@@ -10,13 +10,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 SLICE_CLUSTER = "slicews"
 CLUSTERS = ("c1", "c2")

@@ -1,7 +1,7 @@
 """Authentication, authorization and TLS of the proxy, end to end over real sockets (issue #5).
 
 The fake upstream also plays kcp's TokenReview and SubjectAccessReview endpoints
-(:class:`~vwserver.testing.fake_auth.FakeAuth` installed on its app), so one fake origin is "kcp"
+(:class:`~fakekcp.auth.FakeAuth` installed on its app), so one fake origin is "kcp"
 and every request that reached it is on record. TLS material comes from trustme.
 """
 
@@ -22,6 +22,9 @@ import pytest
 import trustme
 from aiohttp import web
 
+from fakekcp.auth import FakeAuth
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import AuthMode, Guard
 from vwserver.auth.tls import ServingTLS
@@ -32,9 +35,6 @@ from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app, serve
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import serve_app
 
 from .conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
 

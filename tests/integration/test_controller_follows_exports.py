@@ -5,7 +5,7 @@ A scripted stand-in for kcp serves exactly what the controller reads: vwserver's
 slice, one FilteredAPIExportEndpointSlice in logical cluster ``slicews`` (whose watch stays
 silent), the referenced APIExport in ``exportid`` and its APIExportEndpointSlice, which "appear"
 when the test says so and announce themselves on their watches, and the consent review
-(:class:`~vwserver.testing.fake_auth.FakeAuth`). In the first test the controller re-checks a
+(:class:`~fakekcp.auth.FakeAuth`). In the first test the controller re-checks a
 not-ready slice only after a minute, so if the slice is served within seconds, the export's watch
 did it.
 """
@@ -20,13 +20,13 @@ from typing import Any
 
 from aiohttp import web
 
+from fakekcp.auth import FakeAuth
+from tests.support.serve import serve_app
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.routes import Route, Routes
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.serve import serve_app
 
 SLICE = {
     "apiVersion": "sync.edge-connect.eu/v1alpha1",
@@ -172,6 +172,18 @@ async def served_route(routes: Routes, *, ready: bool, within: float = 5) -> Rou
     return route
 
 
+async def written_reasons(kcp: FakeKcp, *, ready: str, within: float = 5) -> dict[str, str]:
+    """The condition reasons of the status written last, once its Ready reason is ``ready``
+    (the route table changes before the status write reaches kcp)."""
+    async with asyncio.timeout(within):
+        while True:
+            if kcp.statuses:
+                reasons = {c["type"]: c["reason"] for c in kcp.statuses[-1]["conditions"]}
+                if reasons.get("Ready") == ready:
+                    return reasons
+            await asyncio.sleep(0.02)
+
+
 async def test_slice_becomes_ready_when_its_export_appears() -> None:
     kcp = FakeKcp()
     kcp.auth.consent(**CONSENT)
@@ -200,7 +212,7 @@ async def test_consent_is_asked_on_every_reconcile_and_revocation_retires_the_ro
         review = kcp.auth.access_reviews[-1]
         assert review["cluster"] == "exportid"  # asked in the export's logical cluster
         assert review["spec"]["user"] == "system:vwserver:workspace:slicews"
-        reasons = {c["type"]: c["reason"] for c in kcp.statuses[-1]["conditions"]}
+        reasons = await written_reasons(kcp, ready="NotPermitted")
         assert reasons == {
             "SelectorValid": "Valid",
             "APIExportValid": "NotPermitted",
@@ -241,5 +253,5 @@ async def test_a_ready_slice_fails_closed_when_consent_cannot_be_rechecked() -> 
         unknown = await served_route(routes, ready=False, within=2)
         assert unknown.not_ready is not None
         assert "kcp refused vwserver's SubjectAccessReview" in unknown.not_ready
-        reasons = {c["type"]: c["reason"] for c in kcp.statuses[-1]["conditions"]}
-        assert reasons["APIExportValid"] == reasons["Ready"] == "ConsentUnknown"
+        reasons = await written_reasons(kcp, ready="ConsentUnknown")
+        assert reasons["APIExportValid"] == "ConsentUnknown"

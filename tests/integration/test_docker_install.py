@@ -103,6 +103,9 @@ def test_build_stage_installs_and_vwserver_runs(tmp_path: Path) -> None:
     runtime = set(lock(REPO / "requirements-runtime.lock"))
     assert installed == runtime | {"vwserver"}, "the virtualenv holds exactly the runtime lock"
     assert not (venv / "bin" / "pip").exists()
+    packages = {p.name for p in (site / "site-packages").iterdir() if p.is_dir()}
+    assert not packages & {"fakekcp", "devenv", "tests"}, "test support or dev tooling shipped"
+    assert not (site / "site-packages" / "vwserver" / "testing").exists()
 
     # The final stage: its ENV and ENTRYPOINT, on the virtualenv copied from the build stage.
     final = DOCKERFILE.final

@@ -22,14 +22,14 @@ import aiohttp
 import pytest
 import trustme
 
-from vwserver.k8s.status import not_found
-from vwserver.testing.fake_upstream import (
+from fakekcp.upstream import (
     FakeApiError,
     FakeUpstream,
     ResourceSpec,
     demo_objects,
     start_fake_upstream,
 )
+from vwserver.k8s.status import not_found
 
 WIDGETS = "apis/example.io/v1alpha1"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -787,7 +787,7 @@ async def test_module_entry_point_serves_a_preloaded_store(session: Session) -> 
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "vwserver.testing.fake_upstream",
+        "fakekcp.upstream",
         "--objects",
         "40",
         "--port",

@@ -22,8 +22,11 @@ import trustme
 import yaml
 from aiohttp import web
 
+from fakekcp.auth import FakeAuth
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, Env, routes_for, widget
 from tests.integration.test_kubectl import Kubectl
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import AuthMode, Guard
 from vwserver.auth.tokens import TokenReviewer
@@ -32,9 +35,6 @@ from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import serve_app
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 

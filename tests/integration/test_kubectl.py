@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import SLICE_CLUSTER, Env
-from vwserver.testing.kubectl import JsonStream
+from tests.support.kubectl import JsonStream
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 

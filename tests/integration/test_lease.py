@@ -8,11 +8,11 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.clock import FakeClock
+from tests.support.serve import serve_app
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.k8s.lease import LeaderElector
-from vwserver.testing.clock import FakeClock
-from vwserver.testing.serve import serve_app
 
 PATH = "/clusters/{ws}/apis/coordination.k8s.io/v1/namespaces/default/leases"
 

@@ -19,6 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakekcp.auth import FakeAuth
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
 from vwserver.auth.tokens import TokenReviewer
@@ -29,9 +32,6 @@ from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import serve_app
 
 from .conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
 

@@ -12,12 +12,12 @@ import pytest
 from aiohttp import web
 
 from tests.integration.conftest import PROXY_TOKEN, Env, widget
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 PARTIAL = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest_asyncio
 
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.clock import FakeClock
 from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.k8s.reflector import Reflector
 from vwserver.syncer.naming import ObjectKey, upstream_key
-from vwserver.testing.clock import FakeClock
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 WAIT = 10.0
 

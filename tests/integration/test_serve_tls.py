@@ -15,13 +15,13 @@ import aiohttp
 import trustme
 import yaml
 
+from fakekcp.auth import FakeAuth
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 from .conftest import widget
 

@@ -23,10 +23,10 @@ import aiohttp
 import pytest
 import yaml
 
+from fakekcp.auth import FakeAuth
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from vwserver.config import parse_config
 from vwserver.server import serve
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 from .conftest import PROXY_TOKEN, SLICE_CLUSTER, widget
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import aiohttp
 
+from tests.support.serve import serve_app
 from vwserver.syncer.health import health_app
 from vwserver.syncer.metrics import SyncerMetrics
-from vwserver.testing.serve import serve_app
 
 
 class State:

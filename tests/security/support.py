@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from vwserver.testing.fake_upstream import FakeUpstream
+from fakekcp.upstream import FakeUpstream
 
 
 def env_int(name: str, default: int) -> int:

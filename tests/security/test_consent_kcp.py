@@ -24,6 +24,15 @@ from typing import Any
 import aiohttp
 import pytest_asyncio
 
+from devenv.bootstrap import Bootstrap, Workspace, apply_retrying
+from devenv.kcp import KcpInstance
+from devenv.slices import (
+    export_grant,
+    export_grant_binding,
+    slice_grant,
+    slice_manifest,
+    wait_slice_ready,
+)
 from tests.e2e.controller_env import (
     Served,
     condition,
@@ -35,15 +44,6 @@ from tests.e2e.controller_env import (
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
 from vwserver.auth.tokens import TokenReviewer
-from vwserver.devenv.bootstrap import Bootstrap, Workspace, apply_retrying
-from vwserver.devenv.kcp import KcpInstance
-from vwserver.devenv.slices import (
-    export_grant,
-    export_grant_binding,
-    slice_grant,
-    slice_manifest,
-    wait_slice_ready,
-)
 from vwserver.k8s.client import KubeClient
 
 RESYNC = 2.0

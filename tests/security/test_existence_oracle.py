@@ -38,9 +38,9 @@ import aiohttp
 import pytest
 import yaml
 
+from devenv.bootstrap import Bootstrap
 from tests.e2e.test_proxy_kcp import Proxy, proxy
 from tests.integration.conftest import Env, env
-from vwserver.devenv.bootstrap import Bootstrap
 
 __all__ = ["env", "proxy"]  # fixtures, imported so that pytest finds them here
 

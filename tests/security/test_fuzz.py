@@ -59,6 +59,7 @@ import yaml
 from multidict import CIMultiDict
 from yarl import URL
 
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.security.support import (
     LogCapture,
     UpstreamAnswer,
@@ -66,13 +67,12 @@ from tests.security.support import (
     env_int,
     status_problem,
 )
+from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import NO_AUTH, serve_app
 
 EXAMPLES = env_int("VWSERVER_FUZZ_EXAMPLES", 6000)
 SEED = env_int("VWSERVER_FUZZ_SEED", 20_240_611)

@@ -26,7 +26,9 @@ import pytest
 import trustme
 import uvloop
 
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
+from tests.support.serve import NO_AUTH
 from tests.unit.test_bodies import BILLION_LAUGHS
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.listener import MAX_HEAD_BYTES, ConnectionLimits, listening
@@ -35,8 +37,6 @@ from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import METRICS_KEY, build_app
-from vwserver.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from vwserver.testing.serve import NO_AUTH
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.5

@@ -52,10 +52,10 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from devenv.bootstrap import Bootstrap, Workspace
+from devenv.kcp import KcpInstance
 from tests.e2e.test_proxy_kcp import Proxy, proxy
 from tests.security.support import env_int
-from vwserver.devenv.bootstrap import Bootstrap, Workspace
-from vwserver.devenv.kcp import KcpInstance
 
 __all__ = ["proxy"]  # the fixture, imported so that pytest finds it here
 

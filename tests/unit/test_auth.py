@@ -1,6 +1,6 @@
 """vwserver.auth: caches (fake clock), certificate identities, and the Guard against a fake kcp.
 
-The Guard talks real HTTP to :class:`~vwserver.testing.fake_auth.FakeAuth` (an in-process aiohttp
+The Guard talks real HTTP to :class:`~fakekcp.auth.FakeAuth` (an in-process aiohttp
 server answering TokenReview and SubjectAccessReview like kcp), so what is counted here is what
 would have reached kcp.
 """
@@ -16,6 +16,8 @@ from unittest import mock
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from fakekcp.auth import SCOPES_KEY, FakeAuth
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.cache import TTLCache
 from vwserver.auth.certs import identity_from_peercert
@@ -33,8 +35,6 @@ from vwserver.errors import BadGateway, Forbidden, Unauthorized, UpstreamUnavail
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.k8s.status import from_error
-from vwserver.testing.fake_auth import SCOPES_KEY, FakeAuth
-from vwserver.testing.serve import serve_app
 
 
 class FakeClock:

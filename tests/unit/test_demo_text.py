@@ -8,9 +8,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from vwserver.devenv.bootstrap import Bootstrap, Workspace, sample_widgets
-from vwserver.devenv.demo import demo_lines, demo_text, shown_path
-from vwserver.devenv.kcp import KcpInstance
+from devenv.bootstrap import Bootstrap, Workspace, sample_widgets
+from devenv.demo import demo_lines, demo_text, shown_path
+from devenv.kcp import KcpInstance
 
 KCP = "https://127.0.0.1:6443"
 

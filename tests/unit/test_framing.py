@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
+from tests.support.serve import serve_app
 from vwserver.errors import ApiServerError, EventTooLarge
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.framing import MAX_EVENT_BYTES, complete, lines
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.testing.serve import serve_app
 
 
 def test_complete_lines_and_their_events() -> None:

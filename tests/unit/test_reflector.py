@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.clock import FakeClock
+from tests.support.serve import serve_app
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.k8s.reflector import Reflector
-from vwserver.testing.clock import FakeClock
-from vwserver.testing.serve import serve_app
 
 WAIT = 5.0
 PATH = "/apis/example.io/v1/widgets"

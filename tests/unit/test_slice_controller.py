@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from tests.support.clock import ManualClock
 from vwserver.controller.slices import ControllerSettings, Key, SliceController
 from vwserver.errors import api_error
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.metrics import ServerMetrics
 from vwserver.routes import Routes
-from vwserver.testing.clock import ManualClock
 
 TIMEOUT = 5.0
 

@@ -17,6 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from fakekcp.auth import FakeAuth
+from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
 from vwserver.auth.tokens import TokenReviewer
@@ -24,8 +26,6 @@ from vwserver.errors import BadGateway, Unauthorized, UpstreamUnavailable
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.k8s.status import from_error, status_body
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.serve import serve_app
 
 REVIEWER = "reviewer-token"
 EXISTING, MISSING, GONE, BROKEN = "2fx3m0rnxzbs8mq9", "0000nonexistent", "0000gone", "0000broken"

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from tests.support.clock import ManualClock, settle
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.queue import QueueShutDown, TokenBucket, WorkQueue
-from vwserver.testing.clock import ManualClock, settle
 
 NO_JITTER = Backoff(initial=0.01, maximum=0.04, jitter=0.0)
 

@@ -39,14 +39,14 @@ from vwserver.auth.reviews import post_review
 from vwserver.config.base import DEFAULT_MAX_ENTRIES
 from vwserver.config.base import DEFAULT_TOKEN_NEGATIVE_TTL as DEFAULT_NEGATIVE_TTL
 from vwserver.config.base import DEFAULT_TOKEN_TTL as DEFAULT_TTL
-from vwserver.errors import BadGateway
-from vwserver.k8s.client import ApiError, KubeClient
+from vwserver.errors import ApiForbidden, ApiNotFound, BadGateway
+from vwserver.k8s.client import KubeClient
 
 log = logging.getLogger(__name__)
 
 # kcp's answers to a review that depend on the workspace it is posted to: forbidden there
 # (including a workspace that does not exist) and not found.
-_WORKSPACE_REFUSALS = frozenset({403, 404})
+_WORKSPACE_REFUSALS = (ApiForbidden, ApiNotFound)
 
 
 class _UserInfo(msgspec.Struct):
@@ -121,7 +121,7 @@ class TokenReviewer:
             )
         except BadGateway as e:
             refusal = e.__cause__
-            if isinstance(refusal, ApiError) and refusal.code in _WORKSPACE_REFUSALS:
+            if isinstance(refusal, _WORKSPACE_REFUSALS):
                 return TokenResult(None, f"kcp refused the review in {cluster} ({refusal.code})")
             raise
         try:

@@ -43,7 +43,7 @@ from vwserver.config.base import (
 from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.health import HEALTH_PATHS
-from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX
+from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
 from vwserver.selector import Selector
 
 __all__ = [
@@ -146,7 +146,7 @@ class ControllerExport(_Strict):
     """Where vwserver's own API (the FilteredAPIExportEndpointSlice APIExport) is exported."""
 
     path: str
-    name: str = "sync.edge-connect.eu"
+    name: str = SLICES.group
 
 
 class LeaseConfig(_Strict):

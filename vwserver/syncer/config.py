@@ -7,12 +7,21 @@ raised before anything starts. kcp and the downstream cluster are each reached w
 or, for a syncer running as a Deployment in its downstream cluster, ``inCluster: true`` (the
 pod's ServiceAccount).
 
+Two connections lead upstream, because the endpoint URLs need not be kcp's: with a
+FilteredAPIExportEndpointSlice the slice is read from kcp (``upstream``), but its URLs are
+vwserver's, with their own server certificate (another CA) and possibly another identity. The
+optional ``endpoints`` section is the connection for every call to an endpoint URL; without it
+the endpoint URLs are called with ``upstream``'s connection, as kcp's own
+APIExportEndpointSlice URLs are served by kcp.
+
 Example (``config/syncer.example.yaml`` is the annotated version)::
 
     name: eu
     upstream:
       kubeconfig: kcp.kubeconfig
       endpointSlice: {kind: FilteredAPIExportEndpointSlice, workspace: root:provider, name: eu}
+    endpoints:
+      caFile: vwserver-ca.crt     # vwserver's CA; credentials: upstream's (the kcp identity)
     downstream:
       kubeconfig: cluster.kubeconfig
     resources:
@@ -39,9 +48,11 @@ from vwserver.config.base import (
     check_logging,
     convert,
     read_yaml,
+    require_file,
 )
 from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError
+from vwserver.syncer import naming
 
 # The syncer's name goes into the finalizer ``sync.edge-connect.eu/syncer-<name>`` (the part after
 # the slash of a qualified name is at most 63 characters), a label value and the Lease name.
@@ -68,6 +79,34 @@ class Upstream(ClusterAccess):
     endpoint_slice: EndpointSliceRef | None = None
     # How often the endpoint slice is re-read (shards come and go with bindings).
     refresh_seconds: float = 30.0
+
+
+class Endpoints(ClusterAccess):
+    """The connection to the endpoint URLs (``upstream.urls`` or the slice's), when it is not
+    ``upstream``'s — e.g. vwserver's filtered endpoints, served with vwserver's certificate.
+
+    Trust: ``caFile``, else the CA of ``kubeconfig``/``inCluster``, else the system's trust
+    store — never ``upstream``'s CA (keeping the two apart is why this section exists).
+    Credentials: ``kubeconfig`` (its user; its server is not used: the URLs name the server),
+    ``inCluster`` (the ServiceAccount token), ``tokenFile`` or ``clientCertFile`` +
+    ``clientKeyFile``; with none of them, ``upstream``'s credentials (vwserver authenticates its
+    callers with kcp, so the kcp identity is the usual one).
+    """
+
+    ca_file: str | None = msgspec.field(default=None, name="caFile")
+    token_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    @property
+    def own_credentials(self) -> bool:
+        """Whether this section names its own identity (else: upstream's)."""
+        return (
+            self.kubeconfig is not None
+            or self.in_cluster
+            or self.token_file is not None
+            or self.client_cert_file is not None
+        )
 
 
 class Downstream(ClusterAccess):
@@ -125,6 +164,8 @@ class SyncerConfig(CommandConfig, kw_only=True):
     name: str
     upstream: Upstream
     downstream: Downstream
+    # The connection to the endpoint URLs; default: upstream's (see Endpoints).
+    endpoints: Endpoints | None = None
     resources: list[ResourceConfig]
     # Readable start of every downstream namespace name (the rest is derived from the source).
     namespace_prefix: str = "kcp-"
@@ -138,7 +179,7 @@ class SyncerConfig(CommandConfig, kw_only=True):
 
     @property
     def finalizer(self) -> str:
-        return f"sync.edge-connect.eu/syncer-{self.name}"
+        return naming.finalizer(self.name)
 
     @property
     def field_manager(self) -> str:
@@ -184,6 +225,8 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
             )
         if not OBJECT_NAME_RE.match(ref.name):
             raise ConfigError("$.upstream.endpointSlice.name", f"{ref.name!r} is not a name")
+    if config.endpoints is not None:
+        _check_endpoints(config.endpoints, base_dir=base_dir)
     if up.refresh_seconds <= 0:
         raise ConfigError("$.upstream.refreshSeconds", "must be positive")
     if not config.resources:
@@ -227,6 +270,41 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
     if not 0 <= config.health.port < 65536:
         raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
     check_logging(config)
+
+
+def _check_endpoints(ep: Endpoints, *, base_dir: Path) -> None:
+    field = "$.endpoints"
+    ways = [
+        name
+        for name, set_ in (
+            ("kubeconfig", ep.kubeconfig is not None),
+            ("inCluster", ep.in_cluster),
+            ("tokenFile", ep.token_file is not None),
+            ("clientCertFile", ep.client_cert_file is not None),
+        )
+        if set_
+    ]
+    if len(ways) > 1:
+        raise ConfigError(field, f"{' and '.join(ways)} are mutually exclusive (one identity)")
+    if ep.context is not None and ep.kubeconfig is None:
+        raise ConfigError(f"{field}.context", "only meaningful with kubeconfig")
+    if (ep.client_cert_file is None) != (ep.client_key_file is None):
+        raise ConfigError(field, "clientCertFile and clientKeyFile go together")
+    if not ep.own_credentials and ep.ca_file is None:
+        raise ConfigError(
+            field,
+            "names neither a CA (caFile) nor credentials (kubeconfig, inCluster, tokenFile, "
+            "clientCertFile): leave it out to use upstream's connection",
+        )
+    for name, value in (
+        ("kubeconfig", ep.kubeconfig),
+        ("caFile", ep.ca_file),
+        ("tokenFile", ep.token_file),
+        ("clientCertFile", ep.client_cert_file),
+        ("clientKeyFile", ep.client_key_file),
+    ):
+        if value is not None:
+            require_file(value, field=f"{field}.{name}", base=base_dir)
 
 
 def _check_type(group: str, version: str, resource: str, kind: str, *, field: str) -> None:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDictProxy, MultiMapping
 
+from fakekcp.status import FakeApiError, bad_request, invalid, status_error
+from fakekcp.store import JSON, ResourceSpec
 from vwserver.errors import SelectorError
 from vwserver.selector import Selector
-from vwserver.testing.fake_status import FakeApiError, bad_request, invalid, status_error
-from vwserver.testing.fake_store import JSON, ResourceSpec
 
 # The user named in 403 messages; the fake does not authenticate callers.
 USER: Final = "kcp-admin"
@@ -54,6 +54,23 @@ class Faults:
         self.status_code = self.die_mid_watch_after = None
         self.delay = 0.0
         self.requests.clear()
+
+
+class UpstreamSettings(Protocol):
+    """What the handlers read from the fake upstream that owns them (its switches and state).
+
+    :class:`fakekcp.upstream.FakeUpstream` provides it; the handlers depend on this protocol
+    instead of that class, so the modules import in one direction (upstream → http → watch).
+    """
+
+    faults: Faults
+    gzip: bool
+    bookmark_interval: float
+
+    @property
+    def base_path(self) -> str: ...
+
+    def is_bound(self, cluster: str) -> bool: ...
 
 
 @dataclass(slots=True)

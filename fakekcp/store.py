@@ -6,7 +6,7 @@ details a filtering proxy can get wrong: one global, monotonically increasing re
 resourceVersions with 410, label-selector watches that turn "stopped matching" into DELETED, the
 CRD registry's create/update/delete strategy (status subresource, generation, finalizers). This
 module holds that logic without any HTTP so it stays small enough to reason about; the HTTP layer
-lives in :mod:`vwserver.testing.fake_http` (public API: :mod:`vwserver.testing.fake_upstream`).
+lives in :mod:`fakekcp.http` (public API: :mod:`fakekcp.upstream`).
 
 Everything here is synchronous and runs on the event loop thread. Writes notify watchers by
 appending to their queues; nothing awaits between reading the history and registering a watcher,
@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.testing.fake_status import (
+from fakekcp.status import (
     OPTIMISTIC_LOCK_MESSAGE,
     RV_SET_ON_CREATE,
     FakeApiError,

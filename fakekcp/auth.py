@@ -19,7 +19,7 @@ answers those two questions the way kcp v0.32 does (checked against a running kc
 Every review is recorded (:attr:`FakeAuth.token_reviews`, :attr:`FakeAuth.access_reviews`) so
 tests can count what reached "kcp", and :attr:`FakeAuth.fail_with` injects an error status.
 :meth:`FakeAuth.install` adds the routes to another app, e.g. a
-:class:`~vwserver.testing.fake_upstream.FakeUpstream`'s, so one fake origin plays all of kcp.
+:class:`~fakekcp.upstream.FakeUpstream`'s, so one fake origin plays all of kcp.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from vwserver.devenv.kcp import REPO_ROOT, KcpError, KcpInstance, KubectlError
+from devenv.kcp import REPO_ROOT, KcpError, KcpInstance, KubectlError
 
 DEMO_DIR = REPO_ROOT / "config" / "demo"
 DEMO_USERS_FILE = DEMO_DIR / "users.csv"

@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from vwserver.controller import consent
-from vwserver.devenv.bootstrap import (
+from devenv.bootstrap import (
     Workspace,
     apply_retrying,
     get_field,
@@ -27,9 +26,10 @@ from vwserver.devenv.bootstrap import (
     poll,
     wait_workspace_ready,
 )
-from vwserver.devenv.kcp import KcpInstance
+from devenv.kcp import KcpInstance
+from vwserver.controller import consent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 API_MANIFEST = REPO / "manifests" / "kcp" / "apiexport.yaml"
 RBAC = REPO / "manifests" / "rbac"
 API_EXPORT = "sync.edge-connect.eu"

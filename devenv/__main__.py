@@ -1,4 +1,4 @@
-"""``python -m vwserver.devenv``: run a bootstrapped kcp until Ctrl-C (the ``make run`` backend).
+"""``python -m devenv``: run a bootstrapped kcp until Ctrl-C (the ``make run`` backend).
 
 A developer (or the demo) needs the same kcp the e2e tests use, with the provider/consumer world
 in place, without writing any Python. This prints where everything is (and can write it as a
@@ -16,8 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from vwserver.devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, bootstrap
-from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, bootstrap
+from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
 
 
 def _env_lines(kcp: KcpInstance, world: Bootstrap | None) -> list[str]:
@@ -62,7 +62,7 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vwserver.devenv", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devenv", description=__doc__)
     parser.add_argument("--binary", type=Path, help="kcp binary (default: $KCP_BINARY or build)")
     parser.add_argument("--root-dir", type=Path, help="kcp root directory (kept; default: temp)")
     parser.add_argument("--env-file", type=Path, help="also write the export lines here")

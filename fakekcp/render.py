@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.testing.fake_status import FakeApiError, bad_request, status_error
-from vwserver.testing.fake_store import (
+from fakekcp.status import FakeApiError, bad_request, status_error
+from fakekcp.store import (
     INITIAL_EVENTS_END_ANNOTATION,
     JSON,
     ResourceSpec,

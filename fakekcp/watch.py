@@ -2,7 +2,7 @@
 
 A watch response is newline-delimited JSON events written as they happen. :class:`WatchStream`
 owns one response: it sends the initial state (watch-list) or the replayed history, then drains
-its :class:`~vwserver.testing.fake_store.Watcher` queue, converting each stored event for this
+its :class:`~fakekcp.store.Watcher` queue, converting each stored event for this
 watcher's selectors exactly like the watch cache does, interleaving BOOKMARKs, and applying the
 mid-stream faults.
 """
@@ -12,25 +12,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
-from vwserver.testing import fake_render as render
-from vwserver.testing.fake_render import Output
-from vwserver.testing.fake_store import (
+from fakekcp import render
+from fakekcp.render import Output
+from fakekcp.requests import ListOptions, UpstreamSettings
+from fakekcp.store import (
     JSON,
     Event,
     Key,
     ResourceSpec,
+    Store,
     StoredObject,
     Watcher,
     partial_metadata,
 )
 
-if TYPE_CHECKING:
-    from vwserver.testing.fake_http import Handlers
-    from vwserver.testing.fake_requests import ListOptions
+
+class WatchHost(Protocol):
+    """What a watch stream reads from the handlers that started it."""
+
+    fake: UpstreamSettings
+    store: Store
+    closing: bool
 
 
 class WatchStream:
@@ -38,7 +44,7 @@ class WatchStream:
 
     def __init__(
         self,
-        handlers: Handlers,
+        handlers: WatchHost,
         request: web.Request,
         response: web.StreamResponse,
         spec: ResourceSpec,

@@ -1,9 +1,9 @@
 """HTTP handlers of the fake upstream: routing, discovery, and each verb against the store.
 
-One :class:`Handlers` object serves one :class:`~vwserver.testing.fake_upstream.FakeUpstream`. The
+One :class:`Handlers` object serves one :class:`~fakekcp.requests.UpstreamSettings`. The
 verbs follow ``k8s.io/apiserver/pkg/endpoints/handlers`` (get.go, create.go, update.go, patch.go,
 delete.go) as reached through kcp's APIExport virtual workspace; where the two differ, kcp's
-behaviour is the one modelled (see :mod:`vwserver.testing.fake_upstream`).
+behaviour is the one modelled (see :mod:`fakekcp.upstream`).
 """
 
 from __future__ import annotations
@@ -11,19 +11,20 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 import yaml
 from aiohttp import web
 from multidict import MultiDict
 
-from vwserver.testing import fake_render as render
-from vwserver.testing.fake_patch import PatchError, apply_json_patch, apply_merge_patch
-from vwserver.testing.fake_render import Output
-from vwserver.testing.fake_requests import (
+from fakekcp import render
+from fakekcp.patch import PatchError, apply_json_patch, apply_merge_patch
+from fakekcp.render import Output
+from fakekcp.requests import (
     ListOptions,
     Target,
+    UpstreamSettings,
     bad_request_no_reason,
     dry_run_requested,
     error_response,
@@ -33,7 +34,7 @@ from vwserver.testing.fake_requests import (
     parse_list_options,
     parse_rv,
 )
-from vwserver.testing.fake_status import (
+from fakekcp.status import (
     FakeApiError,
     bad_request,
     invalid,
@@ -42,7 +43,7 @@ from vwserver.testing.fake_status import (
     status_error,
     too_large_resource_version,
 )
-from vwserver.testing.fake_store import (
+from fakekcp.store import (
     JSON,
     Event,
     Key,
@@ -55,10 +56,7 @@ from vwserver.testing.fake_store import (
     decode_continue,
     encode_continue,
 )
-from vwserver.testing.fake_watch import WatchStream
-
-if TYPE_CHECKING:
-    from vwserver.testing.fake_upstream import FakeUpstream
+from fakekcp.watch import WatchStream
 
 _decode = msgspec.json.Decoder().decode
 
@@ -85,7 +83,7 @@ _INCONSISTENT_CONTINUE: Final = (
 class Handlers:
     """The aiohttp handler (:meth:`handle`) and everything below it."""
 
-    def __init__(self, fake: FakeUpstream, store: Store) -> None:
+    def __init__(self, fake: UpstreamSettings, store: Store) -> None:
         self.fake = fake
         self.store = store
         self.closing = False

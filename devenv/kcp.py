@@ -52,7 +52,7 @@ import yaml
 
 from vwserver.errors import VWServerError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kcp" / "build.sh"
 
 #: Context of ``admin.kubeconfig`` with user ``kcp-admin`` at the shard's base URL.
@@ -525,7 +525,7 @@ class KcpInstance:
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """kcp's log tail when this module started the instance, else an explanation."""
         if self.process is None:
-            return "(kcp was not started by vwserver.devenv: no log)"
+            return "(kcp was not started by devenv: no log)"
         return self.process.log_tail(lines)
 
 

@@ -8,14 +8,14 @@ That only helps if the fake behaves like the real thing, so it follows the apise
 (cited in comments, checked against k8s.io/apiserver and kcp's virtual-workspace-framework) and
 kcp's own rules for the ``clusters/*`` wildcard and for APIBindings. It also has what kcp cannot
 offer: fault injection (:class:`Faults`), a record of every request the proxy forwarded, and a
-preloaded store for benchmarks (``python -m vwserver.testing.fake_upstream --objects 100000``).
+preloaded store for benchmarks (``python -m fakekcp.upstream --objects 100000``).
 
 URL layout (one APIExport)::
 
     /services/apiexport/<export-cluster>/<export-name>/clusters/<cluster-id | *>/<API path>
 
 Deliberate choices where kcp or the apiserver left room (see also the module docstrings of
-:mod:`~vwserver.testing.fake_store` and :mod:`~vwserver.testing.fake_render`):
+:mod:`~fakekcp.store` and :mod:`~fakekcp.render`):
 
 * Per-cluster resource requests need an APIBinding to the export in that cluster (kcp's
   ``boundAPIAuthorizer``); without one they are 403. :meth:`FakeUpstream.create` and
@@ -56,17 +56,17 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from vwserver.testing.fake_auth import FakeAuth
-from vwserver.testing.fake_http import Handlers
-from vwserver.testing.fake_requests import (
+from fakekcp.auth import FakeAuth
+from fakekcp.http import Handlers
+from fakekcp.requests import (
     Faults,
     RecordedRequest,
     binds_export,
     error_response,
     fault_error,
 )
-from vwserver.testing.fake_status import FakeApiError, not_found_error
-from vwserver.testing.fake_store import (
+from fakekcp.status import FakeApiError, not_found_error
+from fakekcp.store import (
     APIBINDINGS,
     JSON,
     Key,

@@ -43,7 +43,7 @@ import aiohttp
 import trustme
 import yaml
 
-from vwserver.devenv.bootstrap import (
+from devenv.bootstrap import (
     DEMO_USERS_FILE,
     Bootstrap,
     SampleWidget,
@@ -52,10 +52,10 @@ from vwserver.devenv.bootstrap import (
     get_json,
     poll,
 )
-from vwserver.devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
-from vwserver.devenv.slices import KIND, bind_api, install_api, slice_manifest, wait_slice_ready
+from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from devenv.slices import KIND, bind_api, install_api, slice_manifest, wait_slice_ready
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
 #: The workspace of vwserver's own APIExport in the demo.
 API_WORKSPACE = "vwserver"
@@ -465,7 +465,7 @@ async def run(*, run_dir: Path, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vwserver.devenv.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devenv.demo", description=__doc__)
     parser.add_argument("--run-dir", type=Path, default=REPO / ".run")
     parser.add_argument("--port", type=int, default=8443, help="vwserver port (if free)")
     args = parser.parse_args(argv)
