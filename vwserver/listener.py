@@ -389,7 +389,7 @@ async def listening(
     """Serve ``app`` on ``host:port`` until the block ends (then a graceful ``runner.cleanup``).
 
     ``handler_cancellation``: a client that goes away cancels its handler, which closes the
-    upstream request at once (issue #2 §3) instead of holding an idle watch open.
+    upstream request at once instead of holding an idle watch open.
     ``shutdown_timeout``: how long the cleanup lets requests in flight finish before it cancels
     them (aiohttp waits for every connection's handler concurrently).
     """

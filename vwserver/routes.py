@@ -10,7 +10,7 @@ A route that disappears or changes in a replacement is *retired*: its ``retired`
 and long-running requests on it (watches) end, so that a deleted slice stops serving at once, a
 ready slice that becomes not ready (e.g. its export's owner revoked the grant) ends its watches
 and answers 503 from then on, and a moved upstream is picked up by the clients' next request
-(issue #4).
+.
 """
 
 from __future__ import annotations

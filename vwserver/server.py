@@ -12,7 +12,7 @@ independent servers as they like (against fake or real upstreams) and ``serve`` 
 heads, header/body/idle timeouts, a per-client connection limit (``connections`` in the config),
 malformed requests answered with a Status and logged without their bytes.
 
-Graceful shutdown (issue #7), when ``stop`` is set (SIGTERM): ``/readyz`` answers 503 at once, so
+Graceful shutdown, when ``stop`` is set (SIGTERM): ``/readyz`` answers 503 at once, so
 that Kubernetes takes the pod out of its Service. New connections are still served for
 ``shutdownDelaySeconds`` (default 0; the Deployment uses a few seconds, because endpoint updates
 take a moment to reach every node's kube-proxy). Then the listener closes, every open watch ends

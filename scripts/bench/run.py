@@ -8,7 +8,7 @@ its own core time and the proxy's peak RSS can be read from /proc.
     python scripts/bench/run.py                 # all: LIST 10k, watch 20k events, RSS 10k vs 100k
     python scripts/bench/run.py --only list --objects 10000 --repeat 7
 
-Targets (issue #2): filtered LIST at most 1.1 times direct; filtered watch throughput at least
+Targets: filtered LIST at most 1.1 times direct; filtered watch throughput at least
 50 % of direct; proxy peak RSS for a 100k-object LIST at most 1.3 times that for 10k.
 """
 

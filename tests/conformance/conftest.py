@@ -11,12 +11,9 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
-from tests.support.serve import NO_AUTH, serve_app
+from tests.support.slices import slices_over_kcp
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
-from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
-from vwserver.server import build_app
 
 SLICE = "prod"
 SELECTOR = Selector.parse("env=prod")
@@ -54,23 +51,10 @@ class Pair:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def pair(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Pair]:
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
-    routes = Routes(
-        RouteTable(
-            [
-                Route(
-                    cluster=world.provider.cluster,
-                    name=SLICE,
-                    selector=SELECTOR,
-                    upstream_url=world.vw_url,
-                )
-            ]
-        )
-    )
-    # A small page size: unpaged lists through the slice are then assembled from many pages.
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3, guard=NO_AUTH)
     connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
+    # A small page size: unpaged lists through the slice are then assembled from many pages.
     async with (
-        serve_app(app) as base,
+        slices_over_kcp(kcp, world, slices={SLICE: SELECTOR}, page_size=3) as base,
         aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=60)
         ) as session,

@@ -31,12 +31,8 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
-from tests.support.serve import NO_AUTH, serve_app
-from vwserver.k8s.kubeconfig import load_kubeconfig
-from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
+from tests.support.slices import slices_over_kcp
 from vwserver.selector import Selector
-from vwserver.server import build_app
 
 T = TypeVar("T")
 
@@ -73,21 +69,9 @@ class Proxy:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
-    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
-    routes = Routes(
-        RouteTable(
-            Route(
-                cluster=world.provider.cluster,
-                name=env,
-                selector=Selector.parse(f"env={env}"),
-                upstream_url=world.vw_url,
-            )
-            for env in ("prod", "dev")
-        )
-    )
     # A small page size: the informer's LIST (watch-list off) is paged upstream by the proxy.
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=10, guard=NO_AUTH)
-    async with serve_app(app) as base:
+    slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
+    async with slices_over_kcp(kcp, world, slices=slices, page_size=10) as base:
         yield Proxy(base, world)
 
 

@@ -24,13 +24,10 @@ from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance, KubectlResult, free_ports
 from tests.e2e.credentials import admin_token, exec_runs, write_exec_kubeconfig
 from tests.support.kubectl import JsonStream
-from tests.support.serve import NO_AUTH, serve_app
+from tests.support.slices import slices_over_kcp
 from vwserver.config import parse_config
-from vwserver.k8s.kubeconfig import load_kubeconfig
-from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
-from vwserver.server import build_app, serve
+from vwserver.server import serve
 
 EVENT_TIMEOUT = 20.0
 
@@ -62,20 +59,8 @@ class Proxy:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
-    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
-    routes = Routes(
-        RouteTable(
-            Route(
-                cluster=world.provider.cluster,
-                name=env,
-                selector=Selector.parse(f"env={env}"),
-                upstream_url=world.vw_url,
-            )
-            for env in ("prod", "dev")
-        )
-    )
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), page_size=3, guard=NO_AUTH)
-    async with serve_app(app) as base:
+    slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
+    async with slices_over_kcp(kcp, world, slices=slices, page_size=3) as base:
         yield Proxy(base, kcp, world)
 
 

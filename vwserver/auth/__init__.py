@@ -1,7 +1,7 @@
 """Who may use a slice: authentication, authorization and the serving TLS of vwserver.
 
 A filtered endpoint is how a provider gives a team access to *part* of an export, so every slice
-is a security boundary (issue #5). vwserver itself holds no user database and no policy: it asks
+is a security boundary. vwserver itself holds no user database and no policy: it asks
 kcp, exactly like an aggregated apiserver delegates to its main apiserver —
 
 * **who** the caller is: a verified client certificate (:mod:`~vwserver.auth.certs`: CN = user,

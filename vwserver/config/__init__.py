@@ -135,7 +135,7 @@ class SliceConfig(_Strict):
     name: str
     selector: dict[str, Any] | None = None
     # An empty selector would show every object of the export. That must be a visible decision,
-    # never the accident of a forgotten field (the Go peer treated {} as "no filtering").
+    # never the accident of a forgotten field.
     allow_empty_selector: bool = False
     export: ExportRef | None = None
     # Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard).

@@ -22,7 +22,7 @@ or a ready route replaced by a not-ready one, is retired, which ends its open wa
 slice whose re-check fails stops serving once its last confirmation is a resync old (fail
 closed: consent is never trusted longer than that).
 
-Metrics (issue #7): every reconcile is counted by its result, and the queue depth is read from the
+Metrics: every reconcile is counted by its result, and the queue depth is read from the
 queue when ``/metrics`` is scraped (a callback, so enqueueing costs nothing extra).
 """
 
@@ -121,7 +121,8 @@ class SliceController:
             tasks.create_task(self._watch_slices())
 
     async def _lead(self, leader: LeaderElector) -> None:
-        """Hold the Lease whenever possible; only then is status written (issue #4 §5)."""
+        """Hold the Lease whenever possible; only then is status written (two replicas must
+        not race on it)."""
         try:
             while True:
                 await leader.acquire()
@@ -342,7 +343,7 @@ class SliceController:
     def _follow_exports(self) -> None:
         """Watch the APIExport and APIExportEndpointSlice of every referenced export, so that a
         slice reacts at once when its export appears, changes or goes away — including the
-        endpoint URL that kcp publishes only when the first APIBinding exists (issue #4 §2).
+        endpoint URL that kcp publishes only when the first APIBinding exists.
         The requeue/resync timers stay as a safety net."""
         wanted = {export_ref(obj) for _, obj in self._objects()}
         wanted.discard(("", ""))

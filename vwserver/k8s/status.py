@@ -3,8 +3,9 @@
 Clients (kubectl, client-go) show ``message`` and branch on ``reason`` and ``code``; kubectl also
 prints ``details``. Keeping our own Status bodies in the apiserver's exact shape — key order,
 omitted empty fields, trailing newline — matters for one more reason: a GET of an object outside
-the slice must be indistinguishable from a GET of a missing object (issue #2, no existence leak),
-so the proxy answers *both* with :func:`not_found`.
+the slice must be indistinguishable from a GET of a missing object (otherwise the answer would
+tell the caller that an object outside its slice exists), so the proxy answers *both* with
+:func:`not_found`.
 """
 
 from __future__ import annotations

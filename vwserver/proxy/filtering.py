@@ -1,7 +1,7 @@
 """Decide, per object and per watch event, what may leave the proxy — pure, no I/O.
 
 The proxy pushes every selector down to the upstream *and* checks every object itself: the
-upstream's filtering is an optimisation, this module is the guarantee (issue #2). Objects are
+upstream's filtering is an optimisation, this module is the guarantee. Objects are
 decoded only as far as their head (apiVersion, kind, metadata) with msgspec, and matching objects
 are forwarded as their original bytes, so each object is parsed once and never re-encoded.
 

@@ -7,7 +7,7 @@ lookup, so a caller learns nothing about slices it may not use) → slice exists
 ready (503) → allowed on this kind of target (wildcard: list/watch only, 405; apibindings:
 read-only, 403) → the verb's own guard.
 
-Every request, whatever ends it, is observed once when it ends (issue #7): one log line on
+Every request, whatever ends it, is observed once when it ends: one log line on
 :data:`~vwserver.logs.ACCESS_LOGGER` (slice, verb, user, code, duration, request id — never a
 token, a query string or a body) and the request counters and latency histogram of
 :class:`~vwserver.metrics.ServerMetrics`. A watch is observed when it ends; its latency is the
@@ -205,7 +205,7 @@ class ProxyHandler:
         if upstream_base is None:
             raise NotFound(f"slice {route.cluster}/{route.name} has no shard {path.shard!r}")
         if path.wildcard and api.verb not in (Verb.LIST, Verb.WATCH) and not api.discovery:
-            # kcp serves clusters/* for list and watch only (FIELD-NOTES).
+            # kcp serves clusters/* for list and watch only; a GET there has no object to name.
             raise MethodNotAllowed(
                 f"{api.verb} is not allowed on clusters/*; address one logical cluster"
             )

@@ -1,6 +1,6 @@
 """Filtered LIST: paged upstream, streamed out, every item checked.
 
-Memory is bounded by one upstream page, never by the size of the list (issue #2 §2):
+Memory is bounded by one upstream page, never by the size of the list:
 
 * a client that pages itself (``limit``/``continue``, as kubectl and client-go's pager do) gets
   exactly one upstream request per request, with its own limit and token, and the combined

@@ -8,7 +8,7 @@ and everything after ``clusters/<cluster>`` is forwarded to the same place below
 APIExport virtual workspace. Paths are parsed from the *raw* (still percent-encoded) request path
 and every segment is checked before anything is forwarded: a percent-encoded slash, ``..`` or an
 empty segment could otherwise make the upstream resolve a different resource than the one the
-proxy checked (issue #2, "never reach the upstream").
+proxy checked: a request the proxy did not understand never reaches the upstream.
 
 :class:`ApiRequest` says what a request is in Kubernetes terms (the verb, group, resource,
 namespace, name, subresource), the way the apiserver's ``RequestInfoFactory`` does, because every

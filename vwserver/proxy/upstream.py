@@ -1,6 +1,6 @@
 """The one HTTP client to the upstream APIExport virtual workspace.
 
-vwserver talks to kcp with *its own* identity (issue #2 §8, issue #5 §4): the request headers a
+vwserver talks to kcp with *its own* identity: the request headers a
 client sent are not forwarded wholesale but picked from an allow-list, so hop-by-hop headers
 (RFC 9110 §7.6.1), the client's ``Authorization`` and every ``Impersonate-*`` / ``X-Remote-*``
 header (which kcp would honour as an authenticating-proxy identity) can never reach kcp.
@@ -67,7 +67,7 @@ class UpstreamClient:
 
     def for_caller(self, token: str) -> UpstreamClient:
         """A view that sends the caller's ``token`` instead of vwserver's credentials
-        (``auth.mode: passthrough``, issue #5 §4), for one request.
+        (``auth.mode: passthrough``), for one request.
 
         It shares this client's session: do not start or close it. Its TLS connections carry no
         client certificate even when vwserver's identity is one, or kcp would authenticate

@@ -13,7 +13,7 @@ handler at its next ``await``, which closes the upstream connection immediately.
 
 A watch also ends — cleanly, with the chunked stream's last chunk, as after an apiserver watch
 timeout, so that client-go re-watches from its last resourceVersion — when its slice is retired
-(issue #4) or the server shuts down (issue #7; the re-watch then reaches another replica).
+or the server shuts down (the re-watch then reaches another replica).
 
 Metrics are counted per upstream read, not per event: :func:`frame_events` tallies its verdicts
 in local integers, and the counters are bumped once per chunk.
@@ -57,8 +57,8 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             await response.write_eof()
             return response
         buffer = bytearray()
-        # A slice that is deleted (or whose upstream moves) retires its route (issue #4), and a
-        # server that shuts down closes every watch (issue #7): closing the upstream response
+        # A slice that is deleted (or whose upstream moves) retires its route, and a
+        # server that shuts down closes every watch: closing the upstream response
         # ends this loop, and the client re-watches.
         ending = [asyncio.ensure_future(event.wait()) for event in (ctx.route.retired, ctx.closing)]
         for waiter in ending:

@@ -1,4 +1,4 @@
-"""The syncer (``vwserver sync``, issue #6): kcp objects into a downstream cluster, status back.
+"""The syncer (``vwserver sync``): kcp objects into a downstream cluster, status back.
 
 Modules, pure logic apart from I/O: ``config`` (the YAML file), ``naming`` (downstream
 namespaces, link metadata, metadata filtering), ``sync_plan`` (the decision table: what to do
