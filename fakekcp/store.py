@@ -170,7 +170,12 @@ _OBJECT_META_ORDER: Final = (
 
 
 def partial_metadata(obj: JSON, api_version: str) -> bytes:
-    meta = obj.get("metadata") or {}
+    meta = dict(obj.get("metadata") or {})
+    # kcp adds the object's own apiVersion as an annotation of its PartialObjectMetadata.
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        "kcp.io/original-api-version": obj.get("apiVersion", ""),
+    }
     ordered: JSON = {}
     for field in _OBJECT_META_ORDER:
         value = meta.get(field)

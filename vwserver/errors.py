@@ -20,6 +20,8 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   ├── NotAcceptable      406  an Accept header naming no representation the proxy serves
     │   ├── Conflict           409  the object changed between check and write, or the
     │   │                           client's own precondition does not hold
+    │   ├── Expired            410  a resourceVersion or continue token older than the watch
+    │   │                           cache's window (the apiserver's "too old resource version")
     │   ├── RequestEntityTooLarge 413  a request body over the limit
     │   ├── Invalid            422  a write would put the object outside the slice
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
@@ -37,9 +39,11 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   ├── ApiInvalid         422
     │   ├── ApiTooManyRequests 429
     │   └── ApiServerError     5xx (also: an answer that cannot be decoded, as 502)
-    └── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
-        │                      reported on the kcp object as a condition, never as a Status
-        └── OwnershipError     a downstream object or namespace exists but is not this syncer's
+    ├── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
+    │   │                      reported on the kcp object as a condition, never as a Status
+    │   └── OwnershipError     a downstream object or namespace exists but is not this syncer's
+    └── DecommissionRefused    ``vwserver sync --decommission`` will not start: a replica of the
+                               syncer still holds its Lease (or that cannot be checked)
 
 Request errors are what vwserver *answers*; API errors are what it is *answered* (by kcp or a
 downstream cluster) on its own calls: the two subtrees never mix, and an ``ApiError`` reaches a
@@ -123,6 +127,11 @@ class MethodNotAllowed(RequestError):
 class NotAcceptable(RequestError):
     code = 406
     reason = "NotAcceptable"
+
+
+class Expired(RequestError):
+    code = 410
+    reason = "Expired"
 
 
 class RequestEntityTooLarge(RequestError):
@@ -249,3 +258,8 @@ class OwnershipError(SyncError):
     """A downstream object or namespace exists but belongs to someone else: never touched."""
 
     reason = "NotOwned"
+
+
+class DecommissionRefused(VWServerError):
+    """``vwserver sync --decommission`` refuses to start: a replica of the syncer still holds
+    its Lease (it would put every removed finalizer back), or the Lease cannot be read."""

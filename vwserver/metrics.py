@@ -8,12 +8,19 @@ many servers in one process, and each must count only its own requests (the sync
 Label cardinality is bounded by construction: ``slice`` is ``<cluster>/<name>`` of a slice in the
 route table and :data:`UNKNOWN` for anything else (a client can put any name in a URL, and each
 would otherwise become a time series); ``verb`` is one of the apiserver's verbs; ``code`` one of
-the HTTP status codes the proxy answers; the other labels are fixed sets named below.
+the HTTP status codes the proxy answers; the other labels are fixed sets named below. The shared
+watch cache's ``resource`` label is the upstream collection it follows (``<virtual workspace>/
+clusters/*/<api path>``): one per served resource and upstream shard, bounded by the
+configuration.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -97,6 +104,75 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.cache_restarts = Counter(
+            "vwserver_cache_reflector_restarts",
+            "Restarts of a shared watch cache's upstream list+watch, by resource and cause "
+            "(gone: the resourceVersion expired, relisted; error: retried with backoff).",
+            ["resource", "cause"],
+            registry=r,
+        )
+        self.cache_terminations = Counter(
+            "vwserver_cache_watch_terminations",
+            "Watches the shared cache ended, by resource and reason: overflowed (the client fell "
+            "behind its queue), relisted (the cache relisted after a 410 upstream).",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.cache_reads = Counter(
+            "vwserver_cache_reads",
+            "LIST and WATCH requests the shared cache could take, by verb and outcome: served "
+            "(from the cache), fallback (sent to kcp: the cache was not synced, or could not "
+            "catch up with a consistent read in time).",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.cache_freshness_wait = Histogram(
+            "vwserver_cache_freshness_wait_seconds",
+            "How long a consistent read waited for the cache to reach kcp's current "
+            "resourceVersion: the cache's lag behind kcp as reads see it.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0),
+            registry=r,
+        )
+        self._cache_stats: Callable[[], Iterable[Mapping[str, Any]]] | None = None
+        r.register(_CacheCollector(self))
+
+    def watch_cache(self, stats: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        """Report the shared watch cache's gauges from ``stats`` (one mapping per resource,
+        :meth:`vwserver.cache.registry.CacheRegistry.stats`), read at every scrape."""
+        self._cache_stats = stats
+
     def render(self) -> bytes:
         """The registry in the Prometheus text format (:data:`CONTENT_TYPE`)."""
         return generate_latest(self.registry)
+
+
+_CACHE_GAUGES = (
+    ("objects", "vwserver_cache_objects", "Objects held by a shared watch cache."),
+    ("raw_bytes", "vwserver_cache_object_bytes", "JSON bytes of the objects a cache holds."),
+    ("window", "vwserver_cache_window_changes", "Recent changes held to serve watches."),
+    ("subscribers", "vwserver_cache_subscribers", "Watches served from a shared cache."),
+    (
+        "max_queue_depth",
+        "vwserver_cache_max_queue_depth",
+        "The longest queue of changes waiting for one client of a cache.",
+    ),
+    ("rv", "vwserver_cache_resource_version", "The latest resourceVersion a cache has seen."),
+    ("synced", "vwserver_cache_synced", "1 once a cache has completed its first list."),
+)
+
+
+class _CacheCollector:
+    """The cache gauges, computed from the registry's stats when scraped (nothing to keep in
+    step on the hot path)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._metrics._cache_stats
+        rows = list(source()) if source is not None else []
+        for field, name, documentation in _CACHE_GAUGES:
+            family = GaugeMetricFamily(name, documentation, labels=["resource"])
+            for row in rows:
+                family.add_metric([str(row["url"])], float(row[field]))
+            yield family

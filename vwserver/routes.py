@@ -34,6 +34,8 @@ class Route:
     """APIExport virtual-workspace base URL, ``https://shard/services/apiexport/<id>/<export>``."""
     not_ready: str | None = None
     """Why the slice cannot serve yet (answered as 503); None when it is ready."""
+    cache: bool = True
+    """LIST and WATCH may be served from the shared watch cache (if the server runs one)."""
     shards: Mapping[str, str] = field(default_factory=dict)
     """Upstream URL per shard id, when the export has several shard endpoints."""
     retired: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)

@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import AuthMode, Gate, Guard
 from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
 from vwserver.auth.tokens import TokenReviewer
+from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.config.base import client_auth
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BODY = 4 * 2**20
 # TokenReviews and SubjectAccessReviews hold up a request: fail it (503) rather than hang.
 REVIEW_TIMEOUT = 10.0
+DEBUG_CACHE_PATH = "/debug/cache"
+"""Per shared resource of the watch cache: objects, window, resourceVersion, lag, clients."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +94,15 @@ def build_app(
     ready: Callable[[], bool] | None = None,
     metrics: ServerMetrics | None = None,
     metrics_path: str | None = "/metrics",
+    cache: CacheRegistry | None = None,
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
     list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
     slice request (required: ``NoAuth`` for tests that want none); health endpoints and
     ``metrics_path`` (None: not served) are always open. ``metrics`` is where the proxy counts
     (default: a new registry); the app keeps it and its :class:`Lifecycle` under
-    :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`.
+    :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`. ``cache``: the shared watch cache that serves
+    LIST and WATCH (None: every read goes to kcp).
     """
     metrics = metrics if metrics is not None else ServerMetrics()
     lifecycle = Lifecycle()
@@ -113,6 +118,7 @@ def build_app(
         metrics=metrics,
         closing=lifecycle.closing,
         guard=guard,
+        cache=cache,
     )
 
     def problems() -> list[str]:
@@ -123,10 +129,20 @@ def build_app(
         return []
 
     add_health_routes(app, problems=problems, metrics=metrics.render, metrics_path=metrics_path)
+    if cache is not None and metrics_path is not None:
+        # Beside the metrics and as open as they are: counts and states, never an object.
+        app.router.add_get(DEBUG_CACHE_PATH, _debug_cache(cache))
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.on_response_prepare.append(record_headers_sent)
     app.cleanup_ctx.append(_upstream_lifecycle)
     return app
+
+
+def _debug_cache(cache: CacheRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def debug_cache(request: web.Request) -> web.Response:
+        return web.json_response({"resources": cache.stats()})
+
+    return debug_cache
 
 
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -177,6 +193,7 @@ def static_routes(config: Config, *, auth: ClientAuth) -> RouteTable:
                 name=s.name,
                 selector=slice_selector(s, field=f"$.slices[{i}]"),
                 upstream_url=url,
+                cache=s.cache,
             )
         )
     return RouteTable(routes)
@@ -257,6 +274,17 @@ async def serve(
             stack.push_async_callback(_cancel, task)
             stack.push_async_callback(controller.aclose)
         reviews = await stack.enter_async_context(KubeClient(auth=auth, timeout=REVIEW_TIMEOUT))
+        cache = None
+        if config.cache.enabled:
+            cache_client = await stack.enter_async_context(KubeClient(auth=auth))
+            cache = CacheRegistry(
+                client=cache_client,
+                clock=SystemClock(),
+                idle_seconds=config.cache.idle_seconds,
+                window=config.cache.window,
+                metrics=metrics,
+            )
+            stack.push_async_callback(cache.aclose)
         app = build_app(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
@@ -265,6 +293,7 @@ async def serve(
             guard=build_guard(config, client=reviews),
             metrics=metrics,
             metrics_path=config.metrics.path if config.metrics.enabled else None,
+            cache=cache,
         )
         await _run_site(
             app,

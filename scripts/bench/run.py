@@ -104,6 +104,8 @@ async def proxy(
     upstream_yaml: str | None = None,
     slice_yaml: str | None = None,
     slice_cluster: str = SLICE_CLUSTER,
+    cache: bool = False,
+    extra_yaml: str = "",
 ) -> AsyncIterator[tuple[str, int]]:
     port = free_port()
     upstream_yaml = upstream_yaml or f'{{server: "{upstream}", token: bench}}'
@@ -116,6 +118,8 @@ listen: {{host: 127.0.0.1, port: {port}}}
 insecureServing: true
 upstream: {upstream_yaml}
 listPageSize: {page_size}
+cache: {{enabled: {str(cache).lower()}}}
+{extra_yaml}
 logLevel: warning
 slices:
   - cluster: {slice_cluster}
@@ -176,21 +180,34 @@ def report(name: str, direct: float, proxied: float, count: int, target: str) ->
 
 
 async def bench_list(objects: int, repeat: int, page_size: int) -> None:
-    async with fake_upstream(objects) as up, proxy(up, page_size=page_size) as (px, pid):
+    async with (
+        fake_upstream(objects) as up,
+        proxy(up, page_size=page_size) as (px, pid),
+        proxy(up, page_size=page_size, cache=True) as (cx, cache_pid),
+    ):
         direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
         proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
+        cache_url = f"{cx}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
         async with aiohttp.ClientSession(
             skip_auto_headers=("Accept-Encoding",), headers=HEADERS
         ) as s:
-            await list_once(s, direct_url, {"labelSelector": SELECTOR})  # warm up both
+            await list_once(s, direct_url, {"labelSelector": SELECTOR})  # warm up all three
             await list_once(s, proxy_url, {})
+            await list_once(s, cache_url, {})  # the cache's first list and sync
             direct, n1 = await timed(
                 lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
             )
             proxied, n2 = await timed(lambda: list_once(s, proxy_url, {}), repeat)
-        assert n1 == n2, (n1, n2)
+            cached, n3 = await timed(lambda: list_once(s, cache_url, {}), repeat)
+            cached_any, n4 = await timed(
+                lambda: list_once(s, cache_url, {"resourceVersion": "0"}), repeat
+            )
+        assert n1 == n2 == n3 == n4, (n1, n2, n3, n4)
         report(f"LIST {objects} objects (½ match)", direct, proxied, n2, "≤ 1.10")
+        report("  from the cache (consistent read)", direct, cached, n3, "≤ 1.50 vs fake")
+        report("  from the cache (resourceVersion=0)", direct, cached_any, n4, "≤ 1.50 vs fake")
         print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
+        print(f"{'':<34} cache peak RSS {peak_rss_mib(cache_pid):.1f} MiB")
 
 
 async def bench_watch(events: int, repeat: int) -> None:
@@ -206,6 +223,130 @@ async def bench_watch(events: int, repeat: int) -> None:
             f"{f'WATCH {n2} events':<34} direct {n1 / direct:8.0f} ev/s proxy {n2 / proxied:8.0f} "
             f"ev/s  throughput {direct / proxied:5.0%} of direct (target ≥ 50 %)"
         )
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _watch_until_initial_end(
+    session: aiohttp.ClientSession,
+    url: str,
+    params: dict[str, str],
+    ready: asyncio.Event,
+    arrivals: dict[str, list[float]],
+    opened: list[int],
+    total: int,
+) -> None:
+    """One watcher: through its initial events, then the arrival time of every object named
+    ``fanout-*`` (until cancelled)."""
+    async with session.get(url, params=params) as r:
+        assert r.status == 200, r.status
+        initial = True
+        async for line in r.content:
+            if initial:
+                if b"initial-events-end" in line:
+                    initial = False
+                    opened.append(1)
+                    if len(opened) == total:
+                        ready.set()
+                continue
+            now = time.perf_counter()
+            start = line.find(b'"name":"fanout-')
+            if start >= 0:
+                name = line[start + 8 : line.index(b'"', start + 8)].decode()
+                arrivals.setdefault(name, []).append(now)
+
+
+async def bench_fanout(counts: tuple[int, ...], events: int) -> None:
+    """Delivery latency of one change to N watchers of one slice from the cache, as added
+    over a direct watch on the upstream; the proxy's RSS per open watch; upstream watches."""
+    params = {
+        "watch": "1",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+    }
+    extra = "connections: {maxConnectionsPerClient: 0}"
+    async with (
+        fake_upstream(100) as up,
+        proxy(up, page_size=500, cache=True, extra_yaml=extra) as (px, pid),
+    ):
+        vw = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}"
+        direct_url = f"{vw}/clusters/*{API}"
+        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
+        create_url = f"{vw}/clusters/cluster-0/apis/example.io/v1alpha1/namespaces/ns-0/widgets"
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, headers=HEADERS) as s:
+            for n in counts:
+                arrivals: dict[str, list[float]] = {}
+                direct: dict[str, list[float]] = {}
+                ready, opened = asyncio.Event(), []
+                before = rss_mib(pid)
+                tasks = [
+                    asyncio.create_task(
+                        _watch_until_initial_end(s, proxy_url, params, ready, arrivals, opened, n)
+                    )
+                    for _ in range(n)
+                ]
+                d_ready, d_opened = asyncio.Event(), []
+                tasks.append(
+                    asyncio.create_task(
+                        _watch_until_initial_end(
+                            s,
+                            direct_url,
+                            {**params, "labelSelector": SELECTOR},
+                            d_ready,
+                            direct,
+                            d_opened,
+                            1,
+                        )
+                    )
+                )
+                await asyncio.wait_for(asyncio.gather(ready.wait(), d_ready.wait()), 120)
+                await asyncio.sleep(1)
+                per_watch_kib = (rss_mib(pid) - before) * 1024 / n
+                sent: dict[str, float] = {}
+                for i in range(events):
+                    name = f"fanout-{n}-{i}"
+                    body = {
+                        "apiVersion": "example.io/v1alpha1", "kind": "Widget",
+                        "metadata": {"name": name, "namespace": "ns-0", "labels": {"env": "prod"}},
+                        "spec": {"size": 1},
+                    }  # fmt: skip
+                    sent[name] = time.perf_counter()
+                    async with s.post(create_url, json=body) as r:
+                        assert r.status == 201, r.status
+                    await asyncio.sleep(0.05)
+                deadline = time.perf_counter() + 60
+                while time.perf_counter() < deadline and (  # noqa: ASYNC110 - counters to poll
+                    sum(len(v) for v in arrivals.values()) < n * events
+                    or sum(len(v) for v in direct.values()) < events
+                ):
+                    await asyncio.sleep(0.05)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                added = sorted(
+                    t - min(direct.get(name, [t]))
+                    for name, times in arrivals.items()
+                    for t in times
+                )
+                got = len(added)
+                p50 = added[len(added) // 2] * 1000 if added else float("nan")
+                p99 = added[int(len(added) * 0.99) - 1] * 1000 if added else float("nan")
+                print(
+                    f"{f'fan-out {n} watchers':<34} added latency p50 {p50:6.1f} ms  "
+                    f"p99 {p99:6.1f} ms (target p99 ≤ 50 ms at 1000)  "
+                    f"{got}/{n * events} delivered; RSS {per_watch_kib:6.1f} KiB/watch "
+                    "(target ≤ 64)"
+                )
+        async with aiohttp.ClientSession(headers=HEADERS) as s, s.get(f"{px}/debug/cache") as r:
+            resources = (await r.json())["resources"]
+        print(f"{'':<34} upstream resources cached: {len(resources)} (one watch each)")
 
 
 async def bench_rss(small: int, large: int, page_size: int) -> None:
@@ -289,6 +430,38 @@ async def bench_kcp(objects: int, repeat: int, page_size: int) -> None:
                 "direct (target ≥ 50 %)"
             )
             print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
+        async with proxy(
+            "",
+            page_size=page_size,
+            upstream_yaml=upstream_yaml,
+            slice_yaml=f"upstreamURL: {world.vw_url}",
+            slice_cluster=world.provider.cluster,
+            cache=True,
+        ) as (cx, cache_pid):
+            cache_url = (
+                f"{cx}/services/filtered-apiexport/{world.provider.cluster}/prod/clusters/*{API}"
+            )
+            connector = aiohttp.TCPConnector(ssl=kcp.ssl_context())
+            async with aiohttp.ClientSession(
+                connector=connector, headers=headers, skip_auto_headers=("Accept-Encoding",)
+            ) as s:
+                await list_once(s, cache_url, {})  # the cache's first list
+                direct, n1 = await timed(
+                    lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
+                )
+                cached, n2 = await timed(lambda: list_once(s, cache_url, {}), repeat)
+                cached0, n3 = await timed(
+                    lambda: list_once(s, cache_url, {"resourceVersion": "0"}), repeat
+                )
+                direct_p, _ = await timed(
+                    lambda: paged(s, direct_url, {"labelSelector": SELECTOR}), repeat
+                )
+                cached_p, n4 = await timed(lambda: paged(s, cache_url, {}), repeat)
+            assert n1 == n2 == n3 == n4, (n1, n2, n3, n4)
+            report("kcp LIST from the cache", direct, cached, n2, "≤ 0.25")
+            report("kcp LIST from the cache, rv=0", direct, cached0, n3, "≤ 0.25")
+            report("kcp LIST from the cache, pages", direct_p, cached_p, n4, "≤ 0.25")
+            print(f"{'':<34} cache peak RSS {peak_rss_mib(cache_pid):.1f} MiB")
 
 
 async def paged(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
@@ -307,7 +480,10 @@ async def paged(session: aiohttp.ClientSession, url: str, params: dict[str, str]
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["list", "watch", "rss", "kcp"])
+    parser.add_argument("--only", choices=["list", "watch", "fanout", "rss", "kcp"])
+    parser.add_argument(
+        "--watchers", default="1,100,1000", help="fan-out: comma-separated watcher counts"
+    )
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
@@ -319,6 +495,9 @@ async def main() -> None:
         await bench_list(args.objects, args.repeat, args.page_size)
     if args.only in (None, "watch"):
         await bench_watch(args.events, args.repeat)
+    if args.only in (None, "fanout"):
+        counts = tuple(int(n) for n in args.watchers.split(","))
+        await bench_fanout(counts, events=20)
     if args.only in (None, "rss"):
         await bench_rss(args.objects, args.objects * 10, args.page_size)
     if args.only in (None, "kcp"):

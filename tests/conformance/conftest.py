@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap
@@ -48,13 +49,19 @@ class Pair:
         return f"{self.world.vw_url}/clusters/{self.cluster(cluster)}"
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def pair(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Pair]:
+@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["passthrough", "cache"])
+async def pair(
+    request: pytest.FixtureRequest, kcp: KcpInstance, world: Bootstrap
+) -> AsyncIterator[Pair]:
+    """Both read paths answer every case: reads passed to kcp, and reads from the shared
+    watch cache."""
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
     # A small page size: unpaged lists through the slice are then assembled from many pages.
     async with (
-        slices_over_kcp(kcp, world, slices={SLICE: SELECTOR}, page_size=3) as base,
+        slices_over_kcp(
+            kcp, world, slices={SLICE: SELECTOR}, page_size=3, cache=request.param == "cache"
+        ) as base,
         aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=60)
         ) as session,

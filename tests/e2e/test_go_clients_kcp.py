@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace
@@ -67,11 +68,15 @@ class Proxy:
         )
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def proxy(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Proxy]:
+@pytest_asyncio.fixture(scope="module", loop_scope="session", params=["passthrough", "cache"])
+async def proxy(
+    request: pytest.FixtureRequest, kcp: KcpInstance, world: Bootstrap
+) -> AsyncIterator[Proxy]:
+    """Both read paths: LIST and WATCH passed to kcp, and served from the shared watch cache."""
     # A small page size: the informer's LIST (watch-list off) is paged upstream by the proxy.
     slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
-    async with slices_over_kcp(kcp, world, slices=slices, page_size=10) as base:
+    cache = request.param == "cache"
+    async with slices_over_kcp(kcp, world, slices=slices, page_size=10, cache=cache) as base:
         yield Proxy(base, world)
 
 

@@ -172,7 +172,11 @@ async def test_requests_outlasting_the_grace_period_are_cut_off(tmp_path: Path) 
     loop = asyncio.get_running_loop()
     async with fake_kcp() as (fake, origin):
         port = free_port()
-        doc = config_doc(fake, origin, port, shutdownGracePeriodSeconds=grace)
+        # The LIST must be the one upstream read in flight: without the shared cache, whose
+        # reflector would read the upstream too.
+        doc = config_doc(
+            fake, origin, port, shutdownGracePeriodSeconds=grace, cache={"enabled": False}
+        )
         config = parse_config(doc, base_dir=tmp_path)
         stop = asyncio.Event()
         server = asyncio.create_task(serve(config, base_dir=tmp_path, stop=stop))

@@ -17,6 +17,9 @@ class State:
     def readiness(self) -> list[str]:
         return self.problems
 
+    def readiness_notes(self) -> list[str]:
+        return [] if self.problems else ["standby: waiting for the lease ns/l held by other"]
+
     def metrics_text(self) -> bytes:
         return self.metrics.render()
 
@@ -36,6 +39,7 @@ async def test_endpoints() -> None:
         state.problems = []
         async with session.get(f"{base}/readyz") as resp:
             assert resp.status == 200
+            assert await resp.text() == "ok\nstandby: waiting for the lease ns/l held by other"
         async with session.get(f"{base}/metrics") as resp:
             assert resp.headers["Content-Type"].startswith("text/plain")
             text = await resp.text()

@@ -23,7 +23,8 @@ def free_port() -> int:
 
 
 def kubeconfig(path: Path, user: dict[str, object]) -> None:
-    # Nothing listens on port 9: the syncer starts, serves its health endpoints and retries.
+    # Nothing listens on port 9: the syncer starts, serves its health endpoints and retries
+    # (leader election included: the Lease is in the unreachable downstream cluster).
     path.write_text(
         yaml.safe_dump(
             {
@@ -58,8 +59,6 @@ async def test_sync_logs_json_serves_health_and_stops_on_sigterm(tmp_path: Path)
                 "resources": [{"group": "g.io", "version": "v1", "resource": "t", "kind": "T"}],
                 "health": {"port": port},
                 "logFormat": "json",
-                # (the election needs the downstream cluster; this test does not have one)
-                "leaderElection": {"enabled": False},
             }
         )
     )
@@ -79,9 +78,16 @@ async def test_sync_logs_json_serves_health_and_stops_on_sigterm(tmp_path: Path)
                 except aiohttp.ClientConnectionError:
                     pass
                 await asyncio.sleep(0.1)
-            async with session.get(f"http://127.0.0.1:{port}/readyz") as r:
-                assert r.status == 503  # leading, but no informer has listed
-                assert (await r.text()).startswith("not ready: ")
+            # no downstream cluster at all: the syncer waits for it, saying so (once it tried)
+            for _ in range(int(TIMEOUT / 0.1)):
+                async with session.get(f"http://127.0.0.1:{port}/readyz") as r:
+                    assert r.status == 503
+                    text = await r.text()
+                    assert text.startswith("not ready: ")
+                    if "downstream unreachable" in text:
+                        break
+                await asyncio.sleep(0.1)
+            assert "downstream unreachable" in text
             async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
                 assert "vwserver_syncer_" in await r.text()
         proc.send_signal(signal.SIGTERM)

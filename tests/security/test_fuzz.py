@@ -68,6 +68,9 @@ from tests.security.support import (
     status_problem,
 )
 from tests.support.serve import NO_AUTH, serve_app
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import SystemClock
+from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
@@ -1174,9 +1177,12 @@ def _b64(token: bytes) -> bytes:
 @contextlib.asynccontextmanager
 async def fuzz_world(
     selectors: Mapping[str, Mapping[str, Any]] = ROUTES,
+    *,
+    cache: bool = False,
 ) -> AsyncIterator[FuzzWorld]:
     """The fake upstream, seeded, and the proxy in front of it with ``selectors`` as its
-    slices (the test's own idea of what each slice shows is :data:`VISIBLE`)."""
+    slices (the test's own idea of what each slice shows is :data:`VISIBLE`); ``cache``: LIST
+    and WATCH from the shared watch cache."""
     fake = FakeUpstream(bookmark_interval=0.05, history_size=200)
     recorder = UpstreamRecorder()
     recorder.install(fake)
@@ -1203,16 +1209,20 @@ async def fuzz_world(
                 ]
             )
         )
+        auth = ClientAuth(server=vw_url.removesuffix(fake.base_path), token="proxy-token")
+        client = KubeClient(auth=auth)
+        registry = CacheRegistry(client=client, clock=SystemClock()) if cache else None
         app = build_app(
             routes=routes,
-            upstream=UpstreamClient(
-                auth=ClientAuth(server=vw_url.removesuffix(fake.base_path), token="proxy-token")
-            ),
+            upstream=UpstreamClient(auth=auth),
             page_size=3,
             guard=NO_AUTH,
+            cache=registry,
         )
         with LogCapture() as logs:
             async with (
+                client,
+                contextlib.aclosing(registry) if registry is not None else _nothing(),
                 serve_app(app) as proxy,
                 aiohttp.ClientSession(auto_decompress=True) as session,
             ):
@@ -1222,9 +1232,14 @@ async def fuzz_world(
                 yield world
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[FuzzWorld]:
-    async with fuzz_world() as world:
+@contextlib.asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
+@pytest.fixture(params=["passthrough", "cache"])
+async def world(request: pytest.FixtureRequest) -> AsyncIterator[FuzzWorld]:
+    async with fuzz_world(cache=request.param == "cache") as world:
         yield world
 
 

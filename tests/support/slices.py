@@ -8,7 +8,11 @@ from collections.abc import AsyncIterator, Mapping
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
 from tests.support.serve import NO_AUTH, serve_app
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import SystemClock
+from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.listener import ConnectionLimits
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
@@ -22,10 +26,14 @@ async def slices_over_kcp(
     *,
     slices: Mapping[str, Selector],
     page_size: int,
+    cache: bool | CacheRegistry = False,
+    limits: ConnectionLimits | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``slices`` (name → selector, in the provider's workspace) over the demo export's
     virtual workspace, unauthenticated (``NO_AUTH``), vwserver reading kcp as kcp's admin;
-    yields the server's base URL. A small ``page_size`` makes every list many upstream pages."""
+    yields the server's base URL. A small ``page_size`` makes every list many upstream pages;
+    ``cache``: LIST and WATCH are served from the shared watch cache (this registry, or a new
+    one reading kcp as its admin); ``limits``: the listener's (default: the config's)."""
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
@@ -38,8 +46,17 @@ async def slices_over_kcp(
             for name, selector in slices.items()
         )
     )
-    app = build_app(
-        routes=routes, upstream=UpstreamClient(auth=auth), page_size=page_size, guard=NO_AUTH
-    )
-    async with serve_app(app) as base:
-        yield base
+    async with contextlib.AsyncExitStack() as stack:
+        registry = cache if isinstance(cache, CacheRegistry) else None
+        if cache is True:
+            client = await stack.enter_async_context(KubeClient(auth=auth))
+            registry = CacheRegistry(client=client, clock=SystemClock())
+            stack.push_async_callback(registry.aclose)
+        app = build_app(
+            routes=routes,
+            upstream=UpstreamClient(auth=auth),
+            page_size=page_size,
+            guard=NO_AUTH,
+            cache=registry,
+        )
+        yield await stack.enter_async_context(serve_app(app, limits=limits))

@@ -16,7 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "syncer.example.yaml"
 
 @pytest.fixture
 def base(tmp_path: Path) -> Path:
-    for name in ("kcp.kubeconfig", "cluster.kubeconfig"):
+    for name in ("kcp.kubeconfig", "cluster.kubeconfig", "vw-ca.crt", "token", "tls.crt"):
         (tmp_path / name).write_text("{}")
     return tmp_path
 
@@ -135,12 +135,48 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
             },
             "$.upstream",
         ),
+        ({"endpoints": {}}, "$.endpoints"),
+        ({"endpoints": {"caFile": "missing.crt"}}, "$.endpoints.caFile"),
+        ({"endpoints": {"tokenFile": "token", "inCluster": True}}, "$.endpoints"),
+        ({"endpoints": {"tokenFile": "token", "kubeconfig": "kcp.kubeconfig"}}, "$.endpoints"),
+        ({"endpoints": {"clientCertFile": "tls.crt"}}, "$.endpoints"),
+        ({"endpoints": {"caFile": "vw-ca.crt", "context": "c"}}, "$.endpoints.context"),
+        ({"endpoints": {"caFile": "vw-ca.crt", "server": "https://x"}}, "$.endpoints"),
     ],
 )
 def test_errors_name_the_field(base: Path, change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_syncer_config(minimal(**change), base_dir=base)
     assert info.value.field == field, str(info.value)
+
+
+def test_endpoints_section(base: Path) -> None:
+    """Without ``endpoints`` the endpoint URLs use upstream's connection; with it, its own CA
+    and (optionally) its own identity."""
+    assert parse_syncer_config(minimal(), base_dir=base).endpoints is None
+    ca_only = parse_syncer_config(minimal(endpoints={"caFile": "vw-ca.crt"}), base_dir=base)
+    assert ca_only.endpoints is not None
+    assert ca_only.endpoints.ca_file == "vw-ca.crt" and not ca_only.endpoints.own_credentials
+    own = parse_syncer_config(
+        minimal(endpoints={"tokenFile": "token", "caFile": "vw-ca.crt"}), base_dir=base
+    )
+    assert own.endpoints is not None and own.endpoints.own_credentials
+
+
+def test_file_errors_show_the_absolute_path(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path in a config file means "next to the file": the message says which file
+    that was, whatever the working directory of whoever reads it."""
+    monkeypatch.chdir(base.parent)
+    with pytest.raises(ConfigError) as info:
+        parse_syncer_config(
+            minimal(upstream={"kubeconfig": "nope.kubeconfig", "urls": ["https://v/x"]}),
+            base_dir=Path(base.name),
+        )
+    assert info.value.field == "$.upstream.kubeconfig"
+    assert str(base / "nope.kubeconfig") in info.value.problem
+    with pytest.raises(ConfigError) as info:
+        load_syncer_config(Path(base.name) / "missing.yaml")
+    assert info.value.field == str(base / "missing.yaml")
 
 
 def test_cli_check_and_one_line_errors(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,3 +217,28 @@ async def test_in_cluster_without_a_service_account_names_the_field(
         )
     assert info.value.field == "$.downstream.inCluster"
     assert "KUBERNETES" in str(info.value) or "host/port" in str(info.value)
+
+
+def test_cli_decommission_flags(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vwserver.cli import main
+
+    good = base / "syncer.yaml"
+    good.write_text(EXAMPLE.read_text())
+    assert main(["sync", "--config", str(good), "--delete-downstream"]) == 2
+    assert capsys.readouterr().err == "vwserver sync: --delete-downstream needs --decommission\n"
+    assert main(["sync", "--config", str(good), "--decommission", "--wait", "-1"]) == 2
+    assert "--wait must not be negative" in capsys.readouterr().err
+
+
+def test_sync_help_describes_the_command_and_points_to_the_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vwserver.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["sync", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "downstream Kubernetes" in out and "--decommission" in out
+    assert "config/syncer.example.yaml" in out
+    assert EXAMPLE.is_file()

@@ -15,6 +15,7 @@ from vwserver.syncer.naming import (
     ObjectKey,
     downstream_namespace,
     finalizer,
+    finalizer_owner,
     is_internal_key,
     link_labels,
     namespace_conflict,
@@ -109,3 +110,11 @@ def test_namespace_conflict() -> None:
 
 def test_finalizer_name() -> None:
     assert finalizer("eu") == "sync.edge-connect.eu/syncer-eu"
+
+
+def test_the_first_syncer_finalizer_owns_the_object() -> None:
+    assert finalizer_owner([]) is None
+    assert finalizer_owner(["example.io/other", "sync.edge-connect.eu/syncer-"]) is None
+    assert finalizer_owner(["example.io/other", finalizer("eu"), finalizer("us")]) == "eu"
+    # both finalizers (left by syncers that fought): list order decides, the same for everyone
+    assert finalizer_owner([finalizer("us"), finalizer("eu")]) == "us"

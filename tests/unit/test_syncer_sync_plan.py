@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,24 +11,34 @@ import pytest
 from vwserver.syncer.config import ResourceConfig
 from vwserver.syncer.naming import ObjectKey, downstream_namespace
 from vwserver.syncer.sync_plan import (
+    ITEMS,
     Apply,
     Blocked,
+    Contested,
     Context,
     Delete,
     EnsureNamespace,
     PatchStatus,
+    SchemaFacts,
     SetFinalizers,
     Stuck,
+    condition_patch,
     contains,
     desired_downstream,
+    learn,
     merge_diff,
     mirrored_status,
+    needs_apply,
+    new_condition,
     plan,
     set_condition,
+    without,
 )
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+LATER = NOW + timedelta(minutes=5)
 FIN = "sync.edge-connect.eu/syncer-eu"
+OTHER = "sync.edge-connect.eu/syncer-us"
 KEY = ObjectKey("c1", "default", "db")
 NS = downstream_namespace("c1", "default", prefix="kcp-")
 RESOURCE = ResourceConfig(
@@ -241,3 +252,206 @@ def test_contains_ignores_added_fields_but_not_changed_ones() -> None:
     assert not contains({"a": 2}, {"a": 1})
     assert contains([{"x": 1, "y": 2}], [{"x": 1}])
     assert not contains([{"x": 1}, {"x": 2}], [{"x": 1}])
+
+
+# --- nothing is written when nothing changed ---------------------------------------------------
+
+
+def merge(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the apiserver applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge(result.get(k), v)
+    return result
+
+
+def kcp_stores(obj: dict[str, Any], patch: dict[str, Any], *, status_fields: set[str]) -> Any:
+    """What kcp answers to a status merge patch for a schema whose status has only
+    ``status_fields`` (a structural schema prunes the rest, silently)."""
+    stored = merge(obj, patch)
+    stored["status"] = {k: v for k, v in stored.get("status", {}).items() if k in status_fields}
+    stored["metadata"] = {**stored["metadata"], "resourceVersion": "11"}
+    return stored
+
+
+def statuses(actions: list[Any]) -> list[PatchStatus]:
+    return [a for a in actions if isinstance(a, PatchStatus)]
+
+
+def test_schema_without_conditions_settles_after_one_write() -> None:
+    """The demo's Widget: status has ``phase`` only. Compared with what was sent, the object never
+    looks done; compared with what kcp stored (learned from the answer), it is."""
+    up = upstream()
+    down = downstream_of(up, status={"phase": "Running", "extra": 1})
+    (first,) = statuses(plan(KEY, up, down, tombstone=None, ctx=ctx()))
+    assert set(first.patch["status"]) == {"phase", "extra", "conditions"}
+    stored = kcp_stores(up, first.patch, status_fields={"phase"})
+    facts = learn(first.patch, stored)
+    assert facts.pruned == {("status", "conditions"), ("status", "extra")}
+    # without the facts, the same object is written again and again
+    assert statuses(plan(KEY, stored, down, tombstone=None, ctx=ctx(now=LATER)))
+    # with them: nothing, at any later time
+    assert statuses(plan(KEY, stored, down, tombstone=None, ctx=ctx(upstream_schema=facts))) == []
+    later = ctx(upstream_schema=facts, now=LATER)
+    assert kinds(plan(KEY, stored, down, tombstone=None, ctx=later)) == ["EnsureNamespace"]
+    # a real change still goes up, without the pruned fields
+    changed = downstream_of(up, status={"phase": "Failed", "extra": 2})
+    (update,) = statuses(plan(KEY, stored, changed, tombstone=None, ctx=later))
+    assert update.patch == {"status": {"phase": "Failed"}}
+
+
+def test_synced_condition_keeps_its_stored_transition_time() -> None:
+    """With conditions in the schema: the mirrored downstream status has no Synced condition, so
+    ours must take its lastTransitionTime from kcp, or every later reconcile is a change."""
+    up = upstream()
+    down = downstream_of(up, status={"phase": "Running", "conditions": [{"type": "Ready"}]})
+    (first,) = statuses(plan(KEY, up, down, tombstone=None, ctx=ctx()))
+    stored = kcp_stores(up, first.patch, status_fields={"phase", "conditions"})
+    assert learn(first.patch, stored) == SchemaFacts()
+    assert statuses(plan(KEY, stored, down, tombstone=None, ctx=ctx(now=LATER))) == []
+    # the status flips: a new transition time
+    failing = dict(stored, metadata={**stored["metadata"], "generation": 3})
+    (flip,) = statuses(plan(KEY, failing, down, tombstone=None, ctx=ctx(now=LATER)))
+    (synced,) = [c for c in flip.patch["status"]["conditions"] if c["type"] == "Synced"]
+    assert synced["lastTransitionTime"] == "2026-01-02T03:04:05Z"  # still True: kept
+    assert synced["observedGeneration"] == 3
+
+
+def test_pruned_condition_fields_are_learned_through_lists() -> None:
+    up = upstream()
+    (first,) = statuses(plan(KEY, up, None, tombstone=None, ctx=ctx()))
+    stored = merge(up, first.patch)
+    stored["status"]["conditions"] = [
+        {k: v for k, v in c.items() if k != "observedGeneration"}
+        for c in stored["status"]["conditions"]
+    ]
+    facts = learn(first.patch, stored)
+    assert facts.pruned == {("status", "conditions", ITEMS, "observedGeneration")}
+    assert statuses(plan(KEY, stored, None, tombstone=None, ctx=ctx(upstream_schema=facts))) == []
+
+
+def test_defaulted_status_field_is_not_removed_again() -> None:
+    up = upstream(status={"phase": "Running", "tier": "standard"})
+    down = downstream_of(up, status={"phase": "Running"})
+    (first,) = statuses(plan(KEY, up, down, tombstone=None, ctx=ctx()))
+    assert first.patch["status"]["tier"] is None
+    stored = merge(up, first.patch)
+    stored["status"]["tier"] = "standard"  # the schema's default, back at once
+    facts = learn(first.patch, stored)
+    assert facts.defaulted == {("status", "tier")}
+    assert statuses(plan(KEY, stored, down, tombstone=None, ctx=ctx(upstream_schema=facts))) == []
+
+
+def test_error_and_deletion_conditions_are_not_written_when_pruned() -> None:
+    pruned = SchemaFacts(pruned=frozenset({("status", "conditions")}))
+    up = upstream()
+    condition = new_condition(status=False, reason="NotOwned", message="x")
+    assert condition_patch(up, condition, now=NOW) is not None
+    assert condition_patch(up, condition, now=NOW, schema=pruned) is None
+    deleting = upstream(deleting=True)
+    down = downstream_of(deleting)
+    assert kinds(plan(KEY, deleting, down, tombstone=None, ctx=ctx(upstream_schema=pruned))) == [
+        "Delete",
+        "Wait",
+    ]
+
+
+def test_downstream_pruned_and_defaulted_fields_are_no_drift() -> None:
+    """The downstream schema drops ``spec.version`` and defaults ``spec.mode`` the consumer set
+    to null: the copy never has the one and never has null for the other."""
+    up = upstream()
+    up["spec"]["mode"] = None
+    desired = desired_downstream(KEY, up, namespace=NS, ctx=ctx())
+    stored = copy.deepcopy(desired)
+    stored["metadata"]["uid"] = "d-1"
+    del stored["spec"]["version"]
+    stored["spec"]["mode"] = "auto"
+    facts = learn(desired, stored)
+    assert facts == SchemaFacts(
+        pruned=frozenset({("spec", "version")}), defaulted=frozenset({("spec", "mode")})
+    )
+    assert needs_apply(desired, stored)
+    assert not needs_apply(desired, stored, schema=facts)
+    assert kinds(plan(KEY, up, stored, tombstone=None, ctx=ctx(downstream_schema=facts))) == [
+        "EnsureNamespace",
+        "PatchStatus",
+    ]
+    # a changed intent in a pruned field is still applied (once: the digest changes)
+    up["spec"]["version"] = "7.0"
+    assert needs_apply(desired_downstream(KEY, up, namespace=NS, ctx=ctx()), stored, schema=facts)
+    # drift in a field the schema stores is still drift
+    drifted = merge(stored, {"spec": {"members": 5}})
+    assert needs_apply(desired, drifted, schema=facts)
+
+
+def test_a_pruned_field_an_object_has_is_compared_again() -> None:
+    facts = SchemaFacts(
+        pruned=frozenset({("status", "conditions"), ("status", "x", ITEMS, "y")}),
+        defaulted=frozenset({("status", "tier")}),
+    )
+    assert facts.confirmed_by({"status": {}}) is facts
+    with_conditions = facts.confirmed_by({"status": {"conditions": []}})
+    assert with_conditions.pruned == {("status", "x", ITEMS, "y")}
+    assert with_conditions.defaulted == facts.defaulted
+    assert facts.confirmed_by({"status": {"x": [{}, {"y": 1}]}}).pruned == {
+        ("status", "conditions")
+    }
+
+
+def test_without_copies_only_what_it_changes() -> None:
+    value = {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 2}, {"x": 3}], "k": {"z": 1}}
+    result = without(value, [("a", "b"), ("l", ITEMS, "y"), ("missing", "path")])
+    assert result == {"a": {"c": 2}, "l": [{"x": 1}, {"x": 3}], "k": {"z": 1}}
+    assert value["a"] == {"b": 1, "c": 2}  # not modified
+    assert result["k"] is value["k"]
+
+
+def test_contains_takes_null_as_absent() -> None:
+    assert contains({"a": 1}, {"a": 1, "b": None})
+    assert contains({"a": 1, "b": None}, {"b": None})
+    assert not contains({"b": 2}, {"b": None})
+
+
+# --- two syncers that see the same objects ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "finalizers",
+    [(OTHER,), ("example.io/x", OTHER, FIN)],
+    ids=["another syncer's only", "both, the other's first"],
+)
+def test_an_object_another_syncer_owns_is_left_alone(finalizers: tuple[str, ...]) -> None:
+    up = upstream(finalizers=finalizers)
+    for down in (None, downstream_of(up)):
+        actions = plan(KEY, up, down, tombstone=None, ctx=ctx())
+        assert kinds(actions) == ["Contested"]  # no finalizer, no apply, no status
+        (contested,) = actions
+        assert isinstance(contested, Contested) and contested.owner == "us"
+        assert "owned by syncer us" in contested.message
+
+
+def test_both_finalizers_ours_first_is_ours() -> None:
+    up = upstream(finalizers=(FIN, OTHER))
+    assert kinds(plan(KEY, up, None, tombstone=None, ctx=ctx())) == [
+        "EnsureNamespace",
+        "Apply",
+        "PatchStatus",
+    ]
+
+
+def test_deleting_an_object_another_syncer_owns_cleans_up_only_our_leftovers() -> None:
+    """Deleting is no fight: our copy and our finalizer go (else the deletion would hang on it),
+    but no status is written on the other syncer's object."""
+    up = upstream(finalizers=(OTHER, FIN), deleting=True)
+    down = downstream_of(up)
+    assert kinds(plan(KEY, up, down, tombstone=None, ctx=ctx())) == ["Contested", "Delete", "Wait"]
+    assert plan(KEY, up, None, tombstone=None, ctx=ctx())[1:] == [
+        SetFinalizers((OTHER,), "10", verify_gone=(NS, "db"))
+    ]
+    only_theirs = upstream(finalizers=(OTHER,), deleting=True)
+    assert kinds(plan(KEY, only_theirs, None, tombstone=None, ctx=ctx())) == ["Contested"]

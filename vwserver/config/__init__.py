@@ -140,6 +140,9 @@ class SliceConfig(_Strict):
     export: ExportRef | None = None
     # Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard).
     upstream_url: str | None = msgspec.field(default=None, name="upstreamURL")
+    # Serve this slice's LIST and WATCH from the shared watch cache (when ``cache.enabled``);
+    # false: every request goes to kcp (the pass-through path).
+    cache: bool = True
 
 
 class ControllerExport(_Strict):
@@ -165,6 +168,18 @@ class ControllerConfig(_Strict):
     resync_seconds: float = 30.0
 
 
+class CacheConfig(_Strict):
+    """The shared watch cache: one upstream watch per resource, every slice's LIST and WATCH
+    computed from it (README, "The shared watch cache")."""
+
+    enabled: bool = True
+    # A resource nobody read for this long stops its upstream watch and forgets its objects.
+    idle_seconds: float = 300.0
+    # Changes kept to serve watches and paged lists at an older resourceVersion; older ones
+    # are answered 410 Expired, as the apiserver does beyond its watch cache.
+    window: int = 4096
+
+
 class MetricsConfig(_Strict):
     """Prometheus metrics, unauthenticated like the health endpoints (no tokens, no objects)."""
 
@@ -185,6 +200,7 @@ class Config(CommandConfig):
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
     controller: ControllerConfig | None = None
     list_page_size: int = 500
+    cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     # On SIGTERM /readyz answers 503 at once; new connections are still accepted for
     # shutdownDelaySeconds (so that endpoints stop routing here first), then the listener closes,
@@ -258,6 +274,10 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         raise ConfigError("$.externalURL", f"{config.external_url!r} is not an http(s) URL")
     if config.list_page_size < 1:
         raise ConfigError("$.listPageSize", "must be at least 1")
+    if config.cache.idle_seconds <= 0:
+        raise ConfigError("$.cache.idleSeconds", "must be positive")
+    if config.cache.window < 1:
+        raise ConfigError("$.cache.window", "must be at least 1")
     base.check_logging(config)
     metrics_path = config.metrics.path
     if not metrics_path.startswith("/") or metrics_path.startswith(PREFIX):

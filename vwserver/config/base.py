@@ -19,6 +19,7 @@ The defaults below are the configuration's: the modules that use them (:mod:`vws
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import TypeVar
@@ -45,6 +46,7 @@ __all__ = [
     "ClusterAccess",
     "CommandConfig",
     "Strict",
+    "absolute",
     "camel",
     "check_access",
     "check_logging",
@@ -120,15 +122,17 @@ class ClusterAccess(Strict):
 
 
 def read_yaml(path: Path) -> object:
-    """A YAML file's document (``{}`` for an empty file); ConfigError names the file."""
+    """A YAML file's document (``{}`` for an empty file); ConfigError names the file by its
+    absolute path (what a relative path meant depends on a working directory the reader of the
+    message does not see, e.g. a container's)."""
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
+        raise ConfigError(str(absolute(path)), f"cannot read: {e.strerror}") from e
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(str(path), f"not valid YAML: {e}") from e
+        raise ConfigError(str(absolute(path)), f"not valid YAML: {e}") from e
     return raw if raw is not None else {}
 
 
@@ -154,14 +158,22 @@ def camel(name: str) -> str:
     return head + "".join(p.capitalize() for p in rest)
 
 
+def absolute(path: Path) -> Path:
+    """``path`` made absolute and normalized, symlinks kept (a Secret mounted in a pod is a
+    symlink into a timestamped directory; its mount path is the name people know)."""
+    return Path(os.path.abspath(path))
+
+
 def resolve(value: str, *, base: Path) -> Path:
-    """Relative paths in a config file are relative to the file's directory."""
-    return base / value
+    """Relative paths in a config file are relative to the file's directory; the result is
+    absolute, so every message that names it says exactly which file was meant."""
+    return absolute(base / value)
 
 
 def require_file(value: str, *, field: str, base: Path) -> None:
-    if not resolve(value, base=base).is_file():
-        raise ConfigError(field, f"file {value!r} does not exist")
+    path = resolve(value, base=base)
+    if not path.is_file():
+        raise ConfigError(field, f"file {value!r} does not exist ({path})")
 
 
 def check_logging(config: CommandConfig) -> None:

@@ -15,8 +15,8 @@ that client — deliberately tiny (no discovery, no caching; list+watch loops ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable
+from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -32,9 +32,10 @@ from vwserver.errors import (
 from vwserver.k8s import framing, kcp
 from vwserver.k8s.kubeconfig import ClientAuth
 
-__all__ = ["JSON", "MERGE_PATCH", "ApiError", "KubeClient"]  # ApiError: what it raises
+__all__ = ["JSON", "MERGE_PATCH", "ApiError", "KubeClient", "RawEvent"]  # ApiError: raised
 
 JSON = dict[str, Any]
+T = TypeVar("T")
 
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -97,6 +98,32 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> JSON:
         """One request; the decoded JSON answer. Raises ApiError / UpstreamUnavailable."""
+        url, raw = await self._exchange(method, path, query, body, content_type)
+        try:
+            doc = msgspec.json.decode(raw) if raw else {}
+        except msgspec.DecodeError as e:
+            raise _unusable(url, f"undecodable answer: {e}") from e
+        if not isinstance(doc, dict):
+            raise _unusable(url, "the answer is no JSON object")
+        return doc
+
+    async def request_raw(
+        self, method: str, path: str, *, query: Iterable[tuple[str, str]] = ()
+    ) -> bytes:
+        """One request without a body; the answer's bytes as they came (raw mode: the caller
+        decodes only what it needs, e.g. a list page's items as ``msgspec.Raw``). Raises
+        ApiError / UpstreamUnavailable like :meth:`request`."""
+        _, raw = await self._exchange(method, path, query, None, "application/json")
+        return raw
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        query: Iterable[tuple[str, str]],
+        body: object,
+        content_type: str,
+    ) -> tuple[URL, bytes]:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True)
         query = list(query)
@@ -116,13 +143,7 @@ class KubeClient:
                     raise api_error(response.status, _decode_status(raw), url=str(url), body=raw)
         except (aiohttp.ClientConnectionError, TimeoutError) as e:
             raise UpstreamUnavailable(f"{url.host}:{url.port} unreachable: {e!r}") from e
-        try:
-            doc = msgspec.json.decode(raw) if raw else {}
-        except msgspec.DecodeError as e:
-            raise _unusable(url, f"undecodable answer: {e}") from e
-        if not isinstance(doc, dict):
-            raise _unusable(url, "the answer is no JSON object")
-        return doc
+        return url, raw
 
     async def get(self, path: str) -> JSON | None:
         """GET one object; None when it does not exist (404)."""
@@ -154,7 +175,7 @@ class KubeClient:
             body["preconditions"] = {"uid": uid}
         await self.request("DELETE", path, body=body)
 
-    async def watch(
+    def watch(
         self,
         path: str,
         *,
@@ -169,6 +190,28 @@ class KubeClient:
         type, an ``ApiServerError`` (502). With ``idle_timeout``, a stream that sends nothing for
         that long is dead: UpstreamUnavailable, like a broken connection.
         """
+        return self._watch(path, query=query, idle_timeout=idle_timeout, decode=_event)
+
+    def watch_raw(
+        self,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        idle_timeout: float | None = None,
+    ) -> AsyncGenerator[RawEvent, None]:
+        """:meth:`watch` in raw mode: each event's type, and its object as the bytes it came
+        as (``msgspec.Raw``), for callers that decode each object once, themselves. Errors as
+        in :meth:`watch`; an event whose object is no JSON object is a 502 too."""
+        return self._watch(path, query=query, idle_timeout=idle_timeout, decode=_raw_event)
+
+    async def _watch(
+        self,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]],
+        idle_timeout: float | None,
+        decode: Callable[[bytes | bytearray, URL], T],
+    ) -> AsyncGenerator[T, None]:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True).with_query([*query, ("watch", "true")])
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
@@ -184,7 +227,7 @@ class KubeClient:
                     events = [buffer[start:stop] for start, stop in framing.lines(buffer, end)]
                     del buffer[:end]
                     for event in events:
-                        yield _event(event, url)
+                        yield decode(event, url)
         except EventTooLarge as e:
             raise _unusable(url, str(e)) from e
         except aiohttp.ServerTimeoutError as e:
@@ -210,4 +253,32 @@ def _event(line: bytes | bytearray, url: URL) -> JSON:
         raise api_error(int(status.get("code") or 500), status, url=str(url))
     if kind not in _EVENT_TYPES:
         raise _unusable(url, f"unknown watch event type {kind!r}")
+    return event
+
+
+class RawEvent(msgspec.Struct):
+    """A watch event in raw mode (:meth:`KubeClient.watch_raw`): ``type`` is ADDED, MODIFIED,
+    DELETED or BOOKMARK; ``object`` the object's JSON, undecoded."""
+
+    type: str
+    object: msgspec.Raw
+
+
+_decode_raw_event = msgspec.json.Decoder(RawEvent).decode
+
+
+def _raw_event(line: bytes | bytearray, url: URL) -> RawEvent:
+    """One watch event in raw mode; an ``ERROR`` event raises its Status as :class:`ApiError`."""
+    try:
+        event = _decode_raw_event(line)
+    except msgspec.DecodeError as e:
+        raise _unusable(url, f"undecodable watch event: {e}") from e
+    # msgspec.Raw holds exactly the value's bytes: an object starts with "{".
+    if bytes(memoryview(event.object)[:1]) != b"{":
+        raise _unusable(url, "a watch event that is no object")
+    if event.type == "ERROR":
+        status = _decode_status(bytes(event.object))
+        raise api_error(int(status.get("code") or 500), status, url=str(url))
+    if event.type not in _EVENT_TYPES:
+        raise _unusable(url, f"unknown watch event type {event.type!r}")
     return event

@@ -23,6 +23,9 @@ from vwserver.k8s.resources import ResourceType
 
 CLUSTER_ANNOTATION: Final = "kcp.io/cluster"
 """Set by kcp on every object to its logical cluster; clients cannot choose it."""
+ORIGINAL_API_VERSION_ANNOTATION: Final = "kcp.io/original-api-version"
+"""Added by kcp when it answers an object as ``PartialObjectMetadata``: the object's own
+apiVersion (observed on kcp v0.32 through the APIExport virtual workspace)."""
 
 APIS_GROUP: Final = "apis.kcp.io"
 APIEXPORTS: Final = ResourceType(APIS_GROUP, "v1alpha2", "apiexports", "APIExport")

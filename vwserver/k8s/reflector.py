@@ -16,7 +16,8 @@ kcp or a downstream cluster runs one (the slice controller, the syncer, through
 * **Backoff with jitter.** Any other failure (unreachable, 5xx, 403 while RBAC settles, garbage
   on the stream) waits :class:`~vwserver.k8s.backoff.Backoff` on the injected
   :class:`~vwserver.clock.Clock`, and is kept in :attr:`Reflector.last_error` for ``/readyz`` and
-  logs — never swallowed. A watch that ends without a single event (not even a bookmark) also
+  logs — never swallowed, and logged as a warning once when it begins (or changes kind), not at
+  every retry. A watch that ends without a single event (not even a bookmark) also
   backs off: a server that closes every watch at once must not make this spin.
 * **Idle timeout.** Each watch asks for ``timeoutSeconds`` drawn from ``[watch_timeout,
   2*watch_timeout)`` (so that many clients do not re-watch together, as client-go does), and
@@ -27,6 +28,12 @@ kcp or a downstream cluster runs one (the slice controller, the syncer, through
 Handlers are synchronous and must be quick (record, enqueue). A DELETED event of a label-selector
 watch carries the object's *previous* content when it stopped matching (observed on kcp,
 tests/e2e/test_kcp_testbed.py).
+
+**Raw mode** (:class:`RawReflector`): the same loop, but objects are never decoded into dicts.
+List pages and watch events are read as bytes, each object handed to the caller's ``decode``
+exactly once (the shared watch cache keeps an object's original bytes plus its metadata, decoded
+in one pass); what ``decode`` returns is what the handler gets. An object ``decode`` refuses is
+garbage on the stream: an error, retried with backoff like any other.
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ import random
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+import msgspec
+
 from vwserver.clock import Clock
-from vwserver.errors import ApiError, ApiGone, UpstreamUnavailable
+from vwserver.errors import ApiError, ApiGone, UpstreamUnavailable, api_error
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import JSON, KubeClient
+from vwserver.k8s.types import ListPage, ObjectHead
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +78,124 @@ def resource_version(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
-class Reflector(Generic[H]):
+class _ListWatch:
+    """The loop both modes share: list, watch, resume, relist on 410, back off on failure.
+    Subclasses read the collection (:meth:`_list`) and one watch (:meth:`_watch`)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: KubeClient,
+        url: str,
+        clock: Clock,
+        label_selector: str | None,
+        field_selector: str | None,
+        page_size: int,
+        watch_timeout: int,
+        idle_grace: float,
+        backoff: Backoff | None,
+        on_restart: Callable[[str], None] | None,
+        rand: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.resource_version = ""
+        """Where the next watch resumes; empty: list first."""
+        self.synced = asyncio.Event()
+        self.last_error: str | None = None
+        self._client = client
+        self._clock = clock
+        selectors = (("labelSelector", label_selector), ("fieldSelector", field_selector))
+        self._selectors = [(param, value) for param, value in selectors if value]
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._idle_grace = idle_grace
+        self._backoff = backoff or Backoff()
+        self._on_restart = on_restart or (lambda cause: None)
+        """Told ``"gone"`` or ``"error"`` whenever the loop starts over (for metrics)."""
+        self._rand = rand
+        self._failing: str | None = None  # the kind of failure last logged as a warning
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            listing = not self.resource_version
+            try:
+                if listing:
+                    await self._list()
+                    failures = 0
+                    listing = False
+                delivered = await self._watch()
+                self.last_error = None
+                self._recovered()
+                if delivered:
+                    failures = 0
+                    continue
+                failures += 1  # ended without a single event: do not spin
+            except ApiGone as e:
+                # client-go does the same: the resourceVersion is too old, list again
+                log.info("%s: %s; relisting", self.name, e.message or "resourceVersion expired")
+                self._on_restart("gone")
+                self.resource_version = ""
+                if not listing:
+                    continue
+                failures += 1  # the list itself was Gone (an expired continue token)
+            except (ApiError, UpstreamUnavailable) as e:
+                failures += 1
+                self.last_error = str(e)
+                self._on_restart("error")
+                self._log_failure(e, failures)
+            await self._clock.sleep(self._backoff.delay(failures))
+
+    def _log_failure(self, error: Exception, failures: int) -> None:
+        """A warning when a failure begins or changes kind; its retries (an outage of an hour
+        is hundreds of them) at debug level."""
+        kind = type(error).__name__
+        if kind != self._failing:
+            self._failing = kind
+            log.warning("%s: %s (retrying with backoff)", self.name, error)
+        else:
+            log.debug("%s: %s (retry %d with backoff)", self.name, error, failures)
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            self._failing = None
+            log.info("%s: working again", self.name)
+
+    def _list_query(self, token: str) -> list[tuple[str, str]]:
+        query = [*self._selectors, ("limit", str(self._page_size))]
+        if token:
+            query.append(("continue", token))
+        return query
+
+    def _watch_query(self) -> tuple[list[tuple[str, str]], float]:
+        """The next watch's query, and how long its stream may stay silent."""
+        timeout = int(self._watch_timeout * (1 + self._rand()))
+        query = [
+            *self._selectors,
+            ("resourceVersion", self.resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout)),
+        ]
+        return query, timeout + self._idle_grace
+
+    def _listed(self, count: int, rv: str) -> None:
+        self.resource_version = rv
+        self.last_error = None
+        self._recovered()
+        self.synced.set()
+        log.debug("%s: listed %d objects at %s", self.name, count, rv)
+
+    async def _list(self) -> None:
+        raise NotImplementedError
+
+    async def _watch(self) -> bool:
+        """One watch from :attr:`resource_version`; True if it delivered any event."""
+        raise NotImplementedError
+
+
+class Reflector(_ListWatch, Generic[H]):
     """Lists and watches ``url`` (a collection, e.g. ``<vw>/clusters/*/apis/g/v/r``) into
     :attr:`handler`; :meth:`run` until cancelled."""
 
@@ -89,63 +216,27 @@ class Reflector(Generic[H]):
         on_restart: Callable[[str], None] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
-        self.name = name
-        self.url = url
+        super().__init__(
+            name=name,
+            client=client,
+            url=url,
+            clock=clock,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            page_size=page_size,
+            watch_timeout=watch_timeout,
+            idle_grace=idle_grace,
+            backoff=backoff,
+            on_restart=on_restart,
+            rand=rand,
+        )
         self.handler = handler
-        self.resource_version = ""
-        """Where the next watch resumes; empty: list first."""
-        self.synced = asyncio.Event()
-        self.last_error: str | None = None
-        self._client = client
-        self._clock = clock
-        selectors = (("labelSelector", label_selector), ("fieldSelector", field_selector))
-        self._selectors = [(param, value) for param, value in selectors if value]
-        self._page_size = page_size
-        self._watch_timeout = watch_timeout
-        self._idle_grace = idle_grace
-        self._backoff = backoff or Backoff()
-        self._on_restart = on_restart or (lambda cause: None)
-        """Told ``"gone"`` or ``"error"`` whenever the loop starts over (for metrics)."""
-        self._rand = rand
-
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            listing = not self.resource_version
-            try:
-                if listing:
-                    await self._list()
-                    failures = 0
-                    listing = False
-                delivered = await self._watch()
-                self.last_error = None
-                if delivered:
-                    failures = 0
-                    continue
-                failures += 1  # ended without a single event: do not spin
-            except ApiGone as e:
-                # client-go does the same: the resourceVersion is too old, list again
-                log.info("%s: %s; relisting", self.name, e.message or "resourceVersion expired")
-                self._on_restart("gone")
-                self.resource_version = ""
-                if not listing:
-                    continue
-                failures += 1  # the list itself was Gone (an expired continue token)
-            except (ApiError, UpstreamUnavailable) as e:
-                failures += 1
-                self.last_error = str(e)
-                self._on_restart("error")
-                log.warning("%s: %s (retry %d with backoff)", self.name, e, failures)
-            await self._clock.sleep(self._backoff.delay(failures))
 
     async def _list(self) -> None:
         items: list[JSON] = []
         token = ""
         while True:
-            query = [*self._selectors, ("limit", str(self._page_size))]
-            if token:
-                query.append(("continue", token))
-            page = await self._client.request("GET", self.url, query=query)
+            page = await self._client.request("GET", self.url, query=self._list_query(token))
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
@@ -153,22 +244,12 @@ class Reflector(Generic[H]):
                 break
         rv = str(meta.get("resourceVersion") or "")
         self.handler.on_list(items, rv)
-        self.resource_version = rv
-        self.last_error = None
-        self.synced.set()
-        log.debug("%s: listed %d objects at %s", self.name, len(items), rv)
+        self._listed(len(items), rv)
 
     async def _watch(self) -> bool:
-        """One watch from :attr:`resource_version`; True if it delivered any event."""
-        timeout = int(self._watch_timeout * (1 + self._rand()))
-        query = [
-            *self._selectors,
-            ("resourceVersion", self.resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(timeout)),
-        ]
+        query, idle_timeout = self._watch_query()
         delivered = False
-        events = self._client.watch(self.url, query=query, idle_timeout=timeout + self._idle_grace)
+        events = self._client.watch(self.url, query=query, idle_timeout=idle_timeout)
         async with contextlib.aclosing(events):
             async for event in events:
                 delivered = True
@@ -183,3 +264,128 @@ class Reflector(Generic[H]):
                 if rv:
                     self.resource_version = rv
         return delivered
+
+
+# --- raw mode ---------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class RawReflectorHandler(Protocol[T]):
+    def on_list(self, items: list[T], resource_version: str) -> None:
+        """The whole collection at ``resource_version``, each object decoded (see
+        :class:`ReflectorHandler`)."""
+        ...
+
+    def on_event(self, kind: str, item: T) -> None:
+        """One change: ``kind`` is ADDED, MODIFIED or DELETED."""
+        ...
+
+    def on_bookmark(self, resource_version: str) -> None:
+        """Nothing changed up to ``resource_version``."""
+        ...
+
+
+_decode_page = msgspec.json.Decoder(ListPage).decode
+_decode_head = msgspec.json.Decoder(ObjectHead).decode
+
+
+class RawReflector(_ListWatch, Generic[T]):
+    """:class:`Reflector` in raw mode: every object is read as bytes and turned into a ``T``
+    by ``decode``, once; ``version`` gives a decoded object's resourceVersion (where the next
+    watch resumes)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: KubeClient,
+        url: str,
+        handler: RawReflectorHandler[T],
+        decode: Callable[[msgspec.Raw], T],
+        version: Callable[[T], int | str],
+        clock: Clock,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        idle_grace: float = 60.0,
+        backoff: Backoff | None = None,
+        on_restart: Callable[[str], None] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(
+            name=name,
+            client=client,
+            url=url,
+            clock=clock,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            page_size=page_size,
+            watch_timeout=watch_timeout,
+            idle_grace=idle_grace,
+            backoff=backoff,
+            on_restart=on_restart,
+            rand=rand,
+        )
+        self.handler = handler
+        self.list_kind = ""
+        """The ``kind`` of the last list (e.g. ``WidgetList``): what the collection holds."""
+        self.api_version = ""
+        """The ``apiVersion`` of the last list."""
+        self._decode = decode
+        self._version = version
+
+    def _item(self, raw: msgspec.Raw) -> T:
+        try:
+            return self._decode(raw)
+        except ValueError as e:  # msgspec.DecodeError and the decoders' own refusals
+            raise _garbage(self.url, f"undecodable object: {e}") from e
+
+    async def _list(self) -> None:
+        items: list[T] = []
+        token = ""
+        while True:
+            body = await self._client.request_raw("GET", self.url, query=self._list_query(token))
+            try:
+                page = _decode_page(body)
+            except msgspec.DecodeError as e:
+                raise _garbage(self.url, f"undecodable list: {e}") from e
+            # Each item is decoded now and the page dropped: only the decoded items (which
+            # copy their bytes out of the page) outlive the loop.
+            items.extend(self._item(raw) for raw in page.items or ())
+            token = page.metadata.continue_
+            if not token:
+                break
+        rv = page.metadata.resourceVersion
+        self.list_kind, self.api_version = page.kind, page.apiVersion
+        self.handler.on_list(items, rv)
+        self._listed(len(items), rv)
+
+    async def _watch(self) -> bool:
+        query, idle_timeout = self._watch_query()
+        delivered = False
+        events = self._client.watch_raw(self.url, query=query, idle_timeout=idle_timeout)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                delivered = True
+                if event.type == "BOOKMARK":
+                    try:
+                        rv = _decode_head(event.object).metadata.resourceVersion
+                    except msgspec.DecodeError as e:
+                        raise _garbage(self.url, f"undecodable bookmark: {e}") from e
+                    if rv:
+                        self.resource_version = rv
+                        self.handler.on_bookmark(rv)
+                    continue
+                item = self._item(event.object)
+                self.handler.on_event(event.type, item)
+                rv = str(self._version(item))
+                if rv:
+                    self.resource_version = rv
+        return delivered
+
+
+def _garbage(url: str, what: str) -> ApiError:
+    """An answer that is no Kubernetes answer: a 502, retried like any server failure."""
+    return api_error(502, {"reason": "BadGateway", "message": what}, url=url)

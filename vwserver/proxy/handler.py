@@ -25,6 +25,7 @@ from aiohttp import web
 
 from vwserver import metrics as m
 from vwserver.auth.guard import AuthMode, Gate
+from vwserver.cache.registry import CacheRegistry
 from vwserver.errors import (
     BadGateway,
     Forbidden,
@@ -38,7 +39,7 @@ from vwserver.errors import (
 from vwserver.k8s.status import from_error
 from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
 from vwserver.metrics import ServerMetrics
-from vwserver.proxy import lists, negotiation, options, reads, watch, writes
+from vwserver.proxy import cache_plan, cached, lists, negotiation, options, reads, watch, writes
 from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
@@ -79,8 +80,12 @@ class ProxyHandler:
         metrics: ServerMetrics,
         closing: asyncio.Event,
         guard: Gate,
+        cache: CacheRegistry | None = None,
     ) -> None:
+        """``cache``: the shared watch cache that serves LIST and WATCH where it can (None: every
+        request goes to kcp)."""
         self._routes = routes
+        self._cache = cache
         self._upstream = upstream
         self._page_size = page_size
         self._metrics = metrics
@@ -225,11 +230,37 @@ class ProxyHandler:
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
+        if (
+            self._cache is not None
+            and route.cache
+            # In passthrough mode kcp decides with the caller's own token what it may read; a
+            # cache read with vwserver's identity could grant more, so such reads go to kcp.
+            and self._delegated
+            and cache_plan.cacheable(api, checked, representation, wildcard=path.wildcard)
+        ):
+            try:
+                response = await _serve_cached(ctx, self._cache)
+            except cached.Fallback as e:
+                self._metrics.cache_reads.labels(api.verb, "fallback").inc()
+                log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
+            else:
+                self._metrics.cache_reads.labels(api.verb, "served").inc()
+                return response
         if api.is_apibindings:
             if api.verb not in READ_VERBS:
                 raise Forbidden(f"apibindings are read-only through this endpoint ({api.verb})")
             return await reads.serve_passthrough(ctx)
         return await _BY_VERB[api.verb](ctx)
+
+
+async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
+    resource = await cache.acquire(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
+    try:
+        if ctx.api.verb is Verb.LIST:
+            return await cached.serve_cached_list(ctx, resource, cache_plan.list_plan(ctx.options))
+        return await cached.serve_cached_watch(ctx, resource, cache_plan.watch_plan(ctx.options))
+    finally:
+        cache.release(resource)
 
 
 def _upstream_denial(record: RequestRecord, relayed: web.StreamResponse) -> web.Response:

@@ -24,7 +24,7 @@ from vwserver.errors import ConfigError
 from vwserver.k8s import kcp
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR, ClientAuth
-from vwserver.syncer.config import EndpointSliceRef, Endpoints
+from vwserver.syncer.config import Endpoints, EndpointSliceRef
 
 SLICE_TYPES = {t.kind: t for t in (kcp.APIEXPORT_ENDPOINT_SLICES, kcp.SLICES)}
 
@@ -65,12 +65,18 @@ async def endpoints_auth(
         )
         return dataclasses.replace(own, server=ENDPOINTS_SERVER, ca_pem=ca_pem or own.ca_pem)
     if section.token_file is not None:
-        identity = ClientAuth(server=ENDPOINTS_SERVER, token_file=resolve(section.token_file, base=base))
+        identity = ClientAuth(
+            server=ENDPOINTS_SERVER, token_file=resolve(section.token_file, base=base)
+        )
     elif section.client_cert_file is not None and section.client_key_file is not None:
         identity = ClientAuth(
             server=ENDPOINTS_SERVER,
-            client_cert_pem=_read(section.client_cert_file, field=f"{field}.clientCertFile", base=base),
-            client_key_pem=_read(section.client_key_file, field=f"{field}.clientKeyFile", base=base),
+            client_cert_pem=_read(
+                section.client_cert_file, field=f"{field}.clientCertFile", base=base
+            ),
+            client_key_pem=_read(
+                section.client_key_file, field=f"{field}.clientKeyFile", base=base
+            ),
         )
     else:  # upstream's identity (token, token file, plugin or client certificate)
         identity = dataclasses.replace(upstream, server=ENDPOINTS_SERVER, ca_pem=None)

@@ -54,6 +54,21 @@ class SyncerMetrics:
             ["resource"],
             registry=r,
         )
+        self.contested_objects = Gauge(
+            "vwserver_syncer_contested_objects",
+            "Objects this syncer sees but leaves alone because another syncer's finalizer comes "
+            "first on them (two syncers see the same objects).",
+            ["resource"],
+            registry=r,
+        )
+        self.pruned_fields = Gauge(
+            "vwserver_syncer_pruned_fields",
+            "Fields the syncer writes that the schema on that side (upstream: kcp status, "
+            "downstream: the copies) does not store, learned from the answers to its writes; "
+            "they are no longer written or compared.",
+            ["resource", "side"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             "vwserver_syncer_watch_restarts",
             "Informer restarts by cause (gone: 410 relist, error: backoff).",

@@ -14,6 +14,11 @@ namespace whose annotations name another source (:func:`namespace_conflict`).
 Downstream objects carry labels (short, selectable: syncer name, logical cluster, uid) and
 annotations (complete: cluster, namespace, name, uid, syncer) that link them to their source.
 Only an object whose labels say this syncer owns it is ever deleted by it.
+
+Upstream, a syncer marks every object it syncs with its finalizer
+``sync.edge-connect.eu/syncer-<name>``. That finalizer is also its claim on the object when
+several syncers see it (:func:`finalizer_owner`): the only mark every syncer can read on the kcp
+object itself, set before anything is created downstream.
 """
 
 from __future__ import annotations
@@ -63,8 +68,30 @@ class ObjectKey(NamedTuple):
         return f"{self.cluster}/{self.namespace}/{self.name}"
 
 
+#: Every syncer's finalizer starts so; the rest is the syncer's name.
+FINALIZER_PREFIX = f"{GROUP}/syncer-"
+
+
 def finalizer(syncer: str) -> str:
-    return f"{GROUP}/syncer-{syncer}"
+    return f"{FINALIZER_PREFIX}{syncer}"
+
+
+def finalizer_owner(finalizers: Iterable[str]) -> str | None:
+    """The syncer that owns an upstream object: the one whose finalizer comes *first* in
+    ``metadata.finalizers``; None if no syncer's finalizer is there.
+
+    Why first: the apiserver keeps the list in the order written, and a syncer only ever appends
+    its finalizer with a write conditional on the resourceVersion it read, so the first syncer
+    finalizer is the claim that was made first — of two syncers racing for a new object, exactly
+    one write succeeds and the other sees the winner's finalizer when it looks again. An object
+    that carries several syncer finalizers (put there by syncers that fought before this rule
+    existed, or by hand) belongs to the first listed: every syncer reads the same list, so all of
+    them agree without talking to each other.
+    """
+    for name in finalizers:
+        if name.startswith(FINALIZER_PREFIX) and len(name) > len(FINALIZER_PREFIX):
+            return name[len(FINALIZER_PREFIX) :]
+    return None
 
 
 def downstream_namespace(cluster: str, namespace: str, *, prefix: str = "") -> str:

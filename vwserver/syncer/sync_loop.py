@@ -26,6 +26,18 @@ Objects that leave the filtered view while carrying our finalizer (see
 :class:`~vwserver.syncer.sync_plan.Stuck`) are cleaned up downstream and reported: a warning log,
 the ``vwserver_syncer_stuck_finalizers`` gauge, ``/debug/stuck`` on the health port and a Warning
 Event next to where the downstream copy was — the kcp object itself is unreachable for us then.
+
+Quiet when idle: the answer to every write (status PATCH, server-side apply) is the object as
+stored, and :func:`~vwserver.syncer.sync_plan.learn` reads from it which fields the schema on
+that side prunes or defaults. Those facts are kept per resource and side for the life of the
+controller (:attr:`ResourceController.upstream_schema`, :attr:`~ResourceController.
+downstream_schema`, gauge ``vwserver_syncer_pruned_fields``, one log line per field) and passed to
+every plan, so a schema without ``status.conditions`` costs one write, not one per reconcile.
+
+Two syncers on the same objects: an object whose first syncer finalizer is another syncer's is
+left alone (:class:`~vwserver.syncer.sync_plan.Contested`): one warning per object, the gauge
+``vwserver_syncer_contested_objects``, and :meth:`ResourceController.contested` /
+:meth:`~ResourceController.contention` for readiness.
 """
 
 from __future__ import annotations
@@ -59,6 +71,8 @@ from vwserver.syncer.naming import (
     LABEL_SYNCER,
     ObjectKey,
     downstream_namespace,
+    finalizer,
+    finalizer_owner,
     namespace_conflict,
     source_key,
     upstream_key,
@@ -73,6 +87,17 @@ _MAX_MESSAGE = 1024
 class StuckObject:
     key: ObjectKey
     resource: str
+    message: str
+    since: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContestedObject:
+    """An upstream object this syncer leaves alone because ``owner``'s finalizer comes first."""
+
+    key: ObjectKey
+    resource: str
+    owner: str
     message: str
     since: str
 
@@ -96,6 +121,11 @@ def error_reason(error: Exception) -> str:
     if isinstance(error, UpstreamUnavailable):
         return "Unreachable"
     return "InternalError"
+
+
+def _dotted(path: sync_plan.FieldPath) -> str:
+    """``("status", "conditions", "[]", "reason")`` → ``status.conditions[].reason``."""
+    return ".".join(path).replace(".[]", "[]")
 
 
 def _downstream_key(obj: JSON) -> tuple[str, str] | None:
@@ -148,8 +178,12 @@ class ResourceController:
         #: Last state of upstream objects seen leaving the view, until their key is handled.
         self.tombstones: dict[ObjectKey, JSON] = {}
         self.stuck: dict[ObjectKey, StuckObject] = {}
+        self._contested: dict[ObjectKey, ContestedObject] = {}
         self._namespaces_ok: set[str] = set()
-        self._conditions_pruned_logged = False
+        #: What kcp's schema of this resource does to the status we write (learned).
+        self.upstream_schema = sync_plan.SchemaFacts()
+        #: What the downstream schema does to the copies we apply (learned).
+        self.downstream_schema = sync_plan.SchemaFacts()
 
     # --- state --------------------------------------------------------------------------------
 
@@ -176,6 +210,22 @@ class ResourceController:
                 detail = f" ({reflector.last_error})" if reflector.last_error else ""
                 out.append(f"{reflector.name}: not synced{detail}")
         return out
+
+    def contested(self) -> list[ContestedObject]:
+        """Objects another syncer owns that this one sees (and leaves alone), oldest first."""
+        return sorted(self._contested.values(), key=lambda c: (c.since, c.key))
+
+    def contention(self) -> str | None:
+        """One line for ``/readyz`` while objects are contested, else None: another syncer sees
+        the same objects, a configuration error only a human can resolve."""
+        if not self._contested:
+            return None
+        owners = ", ".join(sorted({c.owner for c in self._contested.values()}))
+        example = min(self._contested)
+        return (
+            f"{self.name}: {len(self._contested)} object(s) owned by other syncer(s) ({owners}), "
+            f"e.g. {example}; left alone: give the syncers disjoint endpoints"
+        )
 
     def upstream_object(self, key: ObjectKey) -> tuple[JSON | None, str | None]:
         """The cached upstream object and the endpoint it came from."""
@@ -276,6 +326,13 @@ class ResourceController:
             len(self.downstream_reflector.handler)
         )
         self._metrics.stuck_finalizers.labels(self.name).set(len(self.stuck))
+        self._metrics.contested_objects.labels(self.name).set(len(self._contested))
+        self._metrics.pruned_fields.labels(self.name, "upstream").set(
+            len(self.upstream_schema.pruned)
+        )
+        self._metrics.pruned_fields.labels(self.name, "downstream").set(
+            len(self.downstream_schema.pruned)
+        )
 
     async def _worker(self) -> None:
         await self.queue.work(self._process)
@@ -312,20 +369,29 @@ class ResourceController:
         upstream, endpoint = self.upstream_object(key)
         if upstream is None or endpoint is None:
             return  # nothing left to report on (gone from our view)
+        meta = upstream.get("metadata") or {}
+        if finalizer_owner(meta.get("finalizers") or ()) not in (None, self.config.name):
+            return  # another syncer's object: its status is not ours to write
         condition = sync_plan.new_condition(
             status=False,
             reason=reason,
             message=str(error)[:_MAX_MESSAGE],
-            generation=(upstream.get("metadata") or {}).get("generation"),
+            generation=meta.get("generation"),
         )
-        patch = sync_plan.condition_patch(upstream, condition, now=self._clock.now())
+        patch = sync_plan.condition_patch(
+            upstream, condition, now=self._clock.now(), schema=self.upstream_schema
+        )
         if patch is None:
             return
         try:
-            await self._upstream.merge_patch(self._upstream_url(key, endpoint, "status"), patch)
+            result = await self._upstream.merge_patch(
+                self._upstream_url(key, endpoint, "status"), patch
+            )
             self._metrics.writes.labels(self.name, "upstream", "status").inc()
         except (ApiError, UpstreamUnavailable) as e:
             log.warning("%s: cannot report the error on %s: %s", self.name, key, e)
+        else:
+            self._learn(key, patch, result, upstream=True)
 
     # --- one key ------------------------------------------------------------------------------
 
@@ -335,6 +401,7 @@ class ResourceController:
             self.tombstones.pop(key, None)
             self._clear_stuck(key)
         downstream = self.downstream_object(key)
+        self._confirm_schema(key, upstream, downstream)
         tombstone = self.tombstones.get(key)
         ctx = sync_plan.Context(
             syncer=self.config.name,
@@ -344,10 +411,14 @@ class ResourceController:
             exclude_prefixes=tuple(self.config.exclude_metadata_prefixes),
             may_delete_orphans=self.synced,
             now=self._clock.now(),
+            upstream_schema=self.upstream_schema,
+            downstream_schema=self.downstream_schema,
         )
         actions = sync_plan.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
         if actions:
             log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
+        if not any(isinstance(a, sync_plan.Contested) for a in actions):
+            self._clear_contested(key, gone=upstream is None)
         for action in actions:
             await self._execute(key, action, endpoint=endpoint)
         if upstream is None:
@@ -381,12 +452,15 @@ class ResourceController:
             case sync_plan.Apply(namespace, obj_name, body):
                 url = self.target.item(self._down_base, namespace, obj_name)
                 try:
-                    await self._downstream.apply(url, body, field_manager=self.config.field_manager)
+                    stored = await self._downstream.apply(
+                        url, body, field_manager=self.config.field_manager
+                    )
                 except ApiNotFound:
                     self._namespaces_ok.discard(namespace)  # deleted behind our back
                     raise
                 self._metrics.writes.labels(name, "downstream", "apply").inc()
                 log.info("%s: %s: applied downstream %s/%s", name, key, namespace, obj_name)
+                self._learn(key, body, stored, upstream=False)
             case sync_plan.Delete(namespace, obj_name, uid, confirm):
                 if confirm and endpoint is None:
                     endpoint = self._any_endpoint(key)
@@ -410,13 +484,15 @@ class ResourceController:
                 except ApiNotFound:
                     return  # deleted or out of view meanwhile; its event follows
                 self._metrics.writes.labels(name, "upstream", "status").inc()
-                self._check_conditions_kept(key, patch, result)
+                self._learn(key, patch, result, upstream=True)
             case sync_plan.Wait(seconds, reason):
                 raise _Wait(seconds, reason)
             case sync_plan.Blocked(message):
                 raise OwnershipError(message)
             case sync_plan.Stuck(message):
                 await self._report_stuck(key, message)
+            case sync_plan.Contested(owner, message):
+                self._record_contested(key, owner, message)
 
     def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
         base = kcp.clusters(endpoint, key.cluster)
@@ -453,21 +529,112 @@ class ResourceController:
             raise OwnershipError(problem)
         self._namespaces_ok.add(namespace)
 
-    def _check_conditions_kept(self, key: ObjectKey, patch: JSON, result: JSON) -> None:
-        """kcp prunes fields its schema does not know: a schema without ``status.conditions``
-        silently drops our condition. Say so once instead of pretending errors are visible."""
-        if "conditions" not in (patch.get("status") or {}):
+    # --- what the schemas store -------------------------------------------------------------
+
+    def _learn(self, key: ObjectKey, sent: JSON, stored: JSON, *, upstream: bool) -> None:
+        """Remember what the schema did to a write (``stored``: the server's answer to it), and
+        say so once per field: a pruned field is a schema mismatch someone may want to fix."""
+        known = self.upstream_schema if upstream else self.downstream_schema
+        facts = sync_plan.learn(sent, stored)
+        pruned, defaulted = facts.pruned - known.pruned, facts.defaulted - known.defaulted
+        if not pruned and not defaulted:
             return
-        if (result.get("status") or {}).get(
-            "conditions"
-        ) is None and not self._conditions_pruned_logged:
-            self._conditions_pruned_logged = True
-            log.warning(
-                "%s: the schema of %s has no status.conditions: sync errors are only visible in "
-                "logs and metrics (add conditions to the APIResourceSchema)",
+        side = "kcp's schema" if upstream else "the downstream schema"
+        for path in sorted(pruned):
+            field = _dotted(path)
+            if upstream and path == ("status", "conditions"):
+                log.warning(
+                    "%s: %s has no status.conditions (seen on %s): the Synced condition is not "
+                    "written, sync errors are only visible in logs and metrics (add conditions "
+                    "to the APIResourceSchema)",
+                    self.name,
+                    side,
+                    key,
+                )
+            elif upstream:
+                log.warning(
+                    "%s: %s prunes %s (seen on %s): no longer written (add it to the "
+                    "APIResourceSchema, or to statusExclude)",
+                    self.name,
+                    side,
+                    field,
+                    key,
+                )
+            else:
+                log.warning(
+                    "%s: %s prunes %s (seen on %s): the copies never have it; not counted as drift",
+                    self.name,
+                    side,
+                    field,
+                    key,
+                )
+        for path in sorted(defaulted):
+            log.info(
+                "%s: %s defaults %s (seen on %s): no longer removed",
                 self.name,
+                side,
+                _dotted(path),
                 key,
             )
+        if upstream:
+            self.upstream_schema = known | facts
+        else:
+            self.downstream_schema = known | facts
+        self._update_gauges()
+
+    def _confirm_schema(
+        self, key: ObjectKey, upstream: JSON | None, downstream: JSON | None
+    ) -> None:
+        """Forget pruned fields an object has after all (the schema was changed to keep them)."""
+        for is_upstream, obj in ((True, upstream), (False, downstream)):
+            known = self.upstream_schema if is_upstream else self.downstream_schema
+            if obj is None or not known.pruned:
+                continue
+            confirmed = known.confirmed_by(obj)
+            if confirmed is known:
+                continue
+            for path in sorted(known.pruned - confirmed.pruned):
+                log.info(
+                    "%s: %s has %s: the schema stores it now; written and compared again",
+                    self.name,
+                    key,
+                    _dotted(path),
+                )
+            if is_upstream:
+                self.upstream_schema = confirmed
+            else:
+                self.downstream_schema = confirmed
+
+    # --- another syncer's objects -------------------------------------------------------------
+
+    def _record_contested(self, key: ObjectKey, owner: str, message: str) -> None:
+        """Remember and report once (per object and owner) that another syncer owns ``key``."""
+        known = self._contested.get(key)
+        if known is not None and known.owner == owner:
+            return
+        self._contested[key] = ContestedObject(
+            key=key,
+            resource=self.name,
+            owner=owner,
+            message=message,
+            since=rfc3339(self._clock.now()),
+        )
+        self._metrics.contested_objects.labels(self.name).set(len(self._contested))
+        log.warning(
+            "%s: CONTESTED: %s (give the syncers disjoint endpoints; if %s no longer sees the "
+            "object, removing its finalizer %s hands it over)",
+            self.name,
+            message,
+            owner,
+            finalizer(owner),
+        )
+
+    def _clear_contested(self, key: ObjectKey, *, gone: bool) -> None:
+        if self._contested.pop(key, None) is None:
+            return
+        self._metrics.contested_objects.labels(self.name).set(len(self._contested))
+        if not gone:
+            log.info("%s: %s is no longer owned by another syncer; syncing it", self.name, key)
 
     # --- the hard case: left the view holding our finalizer -------------------------------------
 

@@ -12,9 +12,13 @@ live                           add our finalizer (first, so no deletion can be m
                                intent changed or it drifted; status up (only if it changed),
                                with condition ``Synced=True``
 live, downstream not ours      finalizer, then :class:`Blocked` (reported as ``Synced=False``)
+live, another syncer's         :class:`Contested` only: no finalizer, no downstream write, no
+finalizer first                status (see :func:`~vwserver.syncer.naming.finalizer_owner`)
 deleting, our finalizer        delete downstream (ours only), wait until it is really gone
                                (a live GET), then remove our finalizer
 deleting, no finalizer of us   delete a downstream copy of ours if one is left; nothing else
+deleting, another's first      as above (our own leftovers go: deleting is no fight), but no
+                               status write, and :class:`Contested`
 gone from our view             delete the downstream copy of ours — after a DELETED event at
                                once; otherwise (sweep) only once every upstream cache is synced.
                                If the last state still held our finalizer and was not being
@@ -24,9 +28,23 @@ gone from our view             delete the downstream copy of ours — after a DE
 =============================  =================================================================
 
 Status up mirrors the downstream ``status`` minus the configured ``statusExclude`` paths, plus the
-syncer's own ``Synced`` condition (``conditions`` is a map keyed by ``type``; a condition keeps
-its ``lastTransitionTime`` while its status stays the same). The write is a JSON merge patch of
-exactly the differences (RFC 7386: ``null`` removes), so an unchanged status is never written.
+syncer's own ``Synced`` condition (``conditions`` is a map keyed by ``type``; our condition keeps
+the ``lastTransitionTime`` stored *upstream* while its status stays the same). The write is a
+JSON merge patch of exactly the differences (RFC 7386: ``null`` removes).
+
+**Comparing with what is stored, not with what was sent.** A structural schema silently prunes
+fields it does not know and fills in defaults: a write of ``status.conditions`` to a schema without
+it succeeds, and the stored object lacks it — compared with what the syncer wants, the object never
+looks done, and every reconcile writes again (the demo's Widget, whose status has only ``phase``,
+was written at every reconcile). The answer to every write is the stored object, so the sync loop
+learns from it (:func:`learn`) which fields each side's schema prunes or defaults, per resource
+(:class:`SchemaFacts`), and every comparison here leaves those fields out: pruned status fields are
+no longer written, defaulted status fields no longer removed, and downstream fields that the copy
+never has (dropped by a mutating webhook) or never has as ``null`` (defaulted) no longer count as
+drift. (Downstream, a structural schema does not prune silently: server-side apply refuses a field
+the schema does not declare — "field not declared in schema", observed on kcp v0.32.3 — which is a
+sync error shown on the kcp object, not a loop.) A pruned field that later shows up on an object
+(the schema was changed) is compared again (:meth:`SchemaFacts.confirmed_by`).
 """
 
 from __future__ import annotations
@@ -47,6 +65,7 @@ from vwserver.syncer.naming import (
     ANN_APPLIED,
     ObjectKey,
     downstream_namespace,
+    finalizer_owner,
     link_annotations,
     link_labels,
     namespace_metadata,
@@ -63,6 +82,106 @@ _decode = msgspec.json.decode
 _NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
 
 
+# --- what a server keeps of our writes ---------------------------------------------------------
+
+#: A field: the keys from the object's root, e.g. ``("status", "conditions")``.
+FieldPath = tuple[str, ...]
+#: A path step into every item of a list: a schema prunes a field of a list's items in all of them.
+ITEMS = "[]"
+
+
+@dataclass(frozen=True)
+class SchemaFacts:
+    """What one resource's schema on one server does to fields the syncer writes, learned from
+    the server's answers to those writes (:func:`learn`).
+
+    ``pruned``: fields the syncer sent that the stored object lacks (a structural schema drops
+    unknown fields without an error). ``defaulted``: fields the syncer removed (``null`` in a
+    merge patch) that the stored object still has (the schema defaults them).
+    """
+
+    pruned: frozenset[FieldPath] = frozenset()
+    defaulted: frozenset[FieldPath] = frozenset()
+
+    def __or__(self, other: SchemaFacts) -> SchemaFacts:
+        return SchemaFacts(self.pruned | other.pruned, self.defaulted | other.defaulted)
+
+    def confirmed_by(self, obj: JSON) -> SchemaFacts:
+        """These facts without pruned fields that ``obj`` has a value for: a server that stores
+        the field on some object does not prune it (its schema changed, or the field was pruned
+        only by a webhook for one object)."""
+        kept = frozenset(p for p in self.pruned if _has(obj, p))
+        return self if not kept else SchemaFacts(self.pruned - kept, self.defaulted)
+
+
+def learn(sent: JSON, stored: JSON) -> SchemaFacts:
+    """What the server did to ``sent`` (a merge patch or an applied object), judged from
+    ``stored`` (its answer: the object as stored right after that write, so nobody else's write
+    is mixed in). Lists are followed item by item only when both have the same length."""
+    pruned: set[FieldPath] = set()
+    defaulted: set[FieldPath] = set()
+    _learn(sent, stored, (), pruned=pruned, defaulted=defaulted)
+    return SchemaFacts(frozenset(pruned), frozenset(defaulted))
+
+
+def _learn(
+    sent: Any, stored: Any, path: FieldPath, *, pruned: set[FieldPath], defaulted: set[FieldPath]
+) -> None:
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        for key, value in sent.items():
+            here = (*path, key)
+            if value is None:
+                if stored.get(key) is not None:
+                    defaulted.add(here)
+            elif key not in stored:
+                pruned.add(here)
+            else:
+                _learn(value, stored[key], here, pruned=pruned, defaulted=defaulted)
+    elif isinstance(sent, list) and isinstance(stored, list) and len(sent) == len(stored):
+        for item, kept in zip(sent, stored, strict=True):
+            _learn(item, kept, (*path, ITEMS), pruned=pruned, defaulted=defaulted)
+
+
+def without(value: Any, paths: Iterable[FieldPath]) -> Any:
+    """``value`` without the fields at ``paths`` (copied where changed, shared elsewhere)."""
+    for path in paths:
+        value = _without(value, path)
+    return value
+
+
+def _without(value: Any, path: FieldPath) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if head == ITEMS:
+        return [_without(v, rest) for v in value] if isinstance(value, list) and rest else value
+    if not isinstance(value, dict) or head not in value:
+        return value
+    copy = dict(value)
+    if rest:
+        copy[head] = _without(value[head], rest)
+    else:
+        del copy[head]
+    return copy
+
+
+def _has(value: Any, path: FieldPath) -> bool:
+    if not path:
+        return value is not None
+    head, rest = path[0], path[1:]
+    if head == ITEMS:
+        return isinstance(value, list) and any(_has(v, rest) for v in value)
+    return isinstance(value, dict) and head in value and _has(value[head], rest)
+
+
+def _lookup(value: Any, path: FieldPath) -> Any:
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class Context:
     syncer: str
@@ -73,6 +192,10 @@ class Context:
     #: Every upstream cache has completed a list: absence from it is evidence.
     may_delete_orphans: bool = False
     now: datetime
+    #: What kcp's schema of the resource does to the status the syncer writes.
+    upstream_schema: SchemaFacts = SchemaFacts()
+    #: What the downstream schema does to the copies the syncer applies.
+    downstream_schema: SchemaFacts = SchemaFacts()
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -137,7 +260,25 @@ class Stuck:
     message: str
 
 
-Action = SetFinalizers | EnsureNamespace | Apply | Delete | PatchStatus | Wait | Blocked | Stuck
+@dataclass(frozen=True)
+class Contested:
+    """Another syncer owns the object (its finalizer comes first): reported, nothing written."""
+
+    owner: str
+    message: str
+
+
+Action = (
+    SetFinalizers
+    | EnsureNamespace
+    | Apply
+    | Delete
+    | PatchStatus
+    | Wait
+    | Blocked
+    | Stuck
+    | Contested
+)
 
 
 # --- the decision -------------------------------------------------------------------------------
@@ -161,10 +302,29 @@ def plan(
     meta = upstream.get("metadata") or {}
     finalizers = tuple(meta.get("finalizers") or ())
     rv = str(meta.get("resourceVersion") or "")
-    if meta.get("deletionTimestamp"):
-        return _deleting(
-            upstream, downstream if ours else None, finalizers=finalizers, rv=rv, ctx=ctx
+    owner = finalizer_owner(finalizers)
+    contested: list[Action] = []
+    if owner is not None and owner != ctx.syncer:
+        contested.append(
+            Contested(
+                owner,
+                f"{key} is owned by syncer {owner} (its finalizer comes first): syncer "
+                f"{ctx.syncer} leaves it alone — two syncers see the same object, or {owner} "
+                "no longer sees it and its finalizer is stale",
+            )
         )
+    if meta.get("deletionTimestamp"):
+        deleting = _deleting(
+            upstream,
+            downstream if ours else None,
+            finalizers=finalizers,
+            rv=rv,
+            ctx=ctx,
+            report=not contested,
+        )
+        return [*contested, *deleting]
+    if contested:
+        return contested
 
     actions: list[Action] = []
     if ctx.finalizer not in finalizers:
@@ -182,7 +342,7 @@ def plan(
         return actions
     actions.append(EnsureNamespace(namespace, namespace_metadata(key.cluster, key.namespace)))
     desired = desired_downstream(key, upstream, namespace=namespace, ctx=ctx)
-    if needs_apply(desired, downstream):
+    if needs_apply(desired, downstream, schema=ctx.downstream_schema):
         actions.append(Apply(namespace, key.name, desired))
     condition = new_condition(
         status=True,
@@ -203,7 +363,9 @@ def _deleting(
     finalizers: tuple[str, ...],
     rv: str,
     ctx: Context,
+    report: bool,
 ) -> list[Action]:
+    """``report``: show progress as our condition (not on an object another syncer owns)."""
     namespace, name = _downstream_name(upstream, ctx)
     if ctx.finalizer not in finalizers:
         if downstream is not None and not _deleting_now(downstream):
@@ -221,8 +383,8 @@ def _deleting(
         message=f"waiting for downstream {namespace}/{name} to be deleted",
         generation=(upstream.get("metadata") or {}).get("generation"),
     )
-    patch = condition_patch(upstream, condition, now=ctx.now)
-    if patch is not None:
+    patch = condition_patch(upstream, condition, now=ctx.now, schema=ctx.upstream_schema)
+    if patch is not None and report:
         actions.append(PatchStatus(patch))
     actions.append(Wait(5.0, "waiting for the downstream object to be gone"))
     return actions
@@ -302,22 +464,30 @@ def desired_downstream(key: ObjectKey, upstream: JSON, *, namespace: str, ctx: C
     return body
 
 
-def needs_apply(desired: JSON, downstream: JSON | None) -> bool:
-    """Apply when there is no copy, the intent changed (covers removed fields), or it drifted."""
+def needs_apply(
+    desired: JSON, downstream: JSON | None, *, schema: SchemaFacts = SchemaFacts()
+) -> bool:
+    """Apply when there is no copy, the intent changed (covers removed fields), or it drifted.
+
+    ``schema``: what the downstream schema is known to do to applied fields. A field it prunes
+    is never on the copy, one it defaults never ``null``: neither is drift (the intent digest
+    still covers them, so a changed value is applied once).
+    """
     if downstream is None:
         return True
     applied = ((downstream.get("metadata") or {}).get("annotations") or {}).get(ANN_APPLIED)
     if applied != desired["metadata"]["annotations"][ANN_APPLIED]:
         return True
-    return not contains(downstream, desired)
+    return not contains(downstream, without(desired, schema.pruned | schema.defaulted))
 
 
 def contains(actual: Any, wanted: Any) -> bool:
     """Whether ``actual`` has every field of ``wanted`` with the same value; fields the
-    downstream API added (defaults, other managers) do not count as a difference."""
+    downstream API added (defaults, other managers) do not count as a difference, and a
+    ``null`` wanted is satisfied by an absent field (the apiserver drops most nulls)."""
     if isinstance(wanted, dict):
         return isinstance(actual, dict) and all(
-            k in actual and contains(actual[k], v) for k, v in wanted.items()
+            contains(actual[k], v) if k in actual else v is None for k, v in wanted.items()
         )
     if isinstance(wanted, list):
         return (
@@ -364,6 +534,24 @@ def new_condition(*, status: bool, reason: str, message: str, generation: Any = 
     return condition
 
 
+def with_condition(
+    conditions: Sequence[JSON] | None,
+    condition: JSON,
+    *,
+    stored: Sequence[JSON] | None,
+    now: datetime,
+) -> list[JSON]:
+    """``conditions`` (e.g. mirrored from downstream) with ``condition`` in place of the one of
+    its type, its ``lastTransitionTime`` kept from the condition ``stored`` upstream while its
+    status is the same (the mirrored list never has ours: a new time on every reconcile would be
+    a change on every reconcile)."""
+    kind = condition["type"]
+    ours = next(c for c in set_condition(stored, condition, now=now) if c.get("type") == kind)
+    result = [c for c in conditions or () if c.get("type") != kind]
+    result.append(ours)
+    return result
+
+
 def set_condition(
     conditions: Sequence[JSON] | None, condition: JSON, *, now: datetime
 ) -> list[JSON]:
@@ -408,25 +596,48 @@ def status_patch(
     ctx: Context,
 ) -> JSON | None:
     """The merge patch ``{"status": ...}`` that makes the upstream status the mirrored downstream
-    status plus ``condition``; None when nothing differs."""
+    status plus ``condition``, as far as kcp's schema stores it (``ctx.upstream_schema``); None
+    when nothing differs."""
     current: JSON = upstream.get("status") or {}
     if downstream is None:
         # Not created yet (or not seen yet): keep what is there, only the condition changes.
         desired = dict(current)
     else:
         desired = mirrored_status(downstream.get("status"), ctx.resource.status_exclude)
-    desired["conditions"] = set_condition(desired.get("conditions"), condition, now=ctx.now)
-    diff = merge_diff(current, desired)
+    desired["conditions"] = with_condition(
+        desired.get("conditions"), condition, stored=current.get("conditions"), now=ctx.now
+    )
+    return stored_status_patch(current, desired, schema=ctx.upstream_schema)
+
+
+def condition_patch(
+    upstream: JSON, condition: JSON, *, now: datetime, schema: SchemaFacts = SchemaFacts()
+) -> JSON | None:
+    """A status merge patch that sets only ``condition``; None if it is already so, or if the
+    schema does not store it (``status.conditions`` pruned)."""
+    current: JSON = upstream.get("status") or {}
+    desired = dict(current)
+    desired["conditions"] = set_condition(current.get("conditions"), condition, now=now)
+    return stored_status_patch(current, desired, schema=schema)
+
+
+def stored_status_patch(current: JSON, desired: JSON, *, schema: SchemaFacts) -> JSON | None:
+    """The merge patch ``{"status": ...}`` from the stored ``current`` status to ``desired``,
+    for what the schema stores only: pruned fields are not written (``current`` cannot have
+    them), defaulted fields are not removed (the server would put them back). None: nothing to
+    write."""
+    root: JSON = without({"status": desired}, schema.pruned)
+    for path in schema.defaulted:
+        if ITEMS in path or _has(root, path) or not _has({"status": current}, path):
+            continue
+        node = root
+        for key in path[:-1]:
+            child = node.get(key)
+            node[key] = child = dict(child) if isinstance(child, dict) else {}
+            node = child
+        node[path[-1]] = _lookup({"status": current}, path)
+    diff = merge_diff(current, root.get("status") or {})
     return None if diff is None else {"status": diff}
-
-
-def condition_patch(upstream: JSON, condition: JSON, *, now: datetime) -> JSON | None:
-    """A status merge patch that sets only ``condition``; None if it is already so."""
-    conditions = (upstream.get("status") or {}).get("conditions")
-    updated = set_condition(conditions, condition, now=now)
-    if updated == conditions:
-        return None
-    return {"status": {"conditions": updated}}
 
 
 def merge_diff(current: JSON, desired: JSON) -> JSON | None:

@@ -1,0 +1,142 @@
+"""The fan-out rules of a shared resource (vwserver.cache.shared), driven through its reflector
+handler methods directly — no upstream, no timing: what a subscription receives and when it is
+ended. tests/integration/test_cache_shared.py runs the same resource against the fake upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.clock import FakeClock
+from tests.unit.test_cache_store import KEYS, make
+from vwserver.cache.entries import Change
+from vwserver.cache.shared import Bookmark, SharedResource, Subscription
+from vwserver.cache.store import Expired
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import ClientAuth
+
+
+def resource() -> SharedResource:
+    r = SharedResource(
+        client=KubeClient(auth=ClientAuth(server="http://unused.invalid")),
+        clock=FakeClock(),
+        upstream="http://unused.invalid/services/apiexport/e/x",
+        api_path="/apis/example.io/v1alpha1/widgets",
+        window=3,
+    )
+    r.on_list([make(KEYS[0], {}, 5)], "10")
+    return r
+
+
+async def collect(subscription: Subscription) -> list[object]:
+    """What the subscription yields without anything new happening (a few loop turns)."""
+    items: list[object] = []
+    while True:
+        task = asyncio.ensure_future(anext(subscription))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        if not task.done():
+            task.cancel()
+            return items
+        try:
+            items.append(task.result())
+        except StopAsyncIteration:
+            return items
+
+
+def rvs(items: list[object]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for item in items:
+        assert isinstance(item, Bookmark | Change)
+        out.append(("bookmark", item.rv) if isinstance(item, Bookmark) else (item.type, item.rv))
+    return out
+
+
+async def test_backlog_then_live_changes_then_bookmarks_in_order() -> None:
+    r = resource()
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    r.on_event("MODIFIED", make(KEYS[1], {"env": "dev"}, 12))
+    r.on_bookmark("15")
+    r.on_bookmark("17")  # replaces the queued bookmark
+    r.on_bookmark("16")  # older than the store: nothing
+    assert rvs(await collect(subscription)) == [("ADDED", 11), ("MODIFIED", 12), ("bookmark", 17)]
+    assert r.store.rv == 17 and subscription.ended is None
+
+
+async def test_a_subscription_from_a_future_version_skips_what_is_older() -> None:
+    r = resource()
+    subscription = r.subscribe(from_rv=13, queue_size=5)
+    r.on_event("ADDED", make(KEYS[1], {}, 12))
+    r.on_bookmark("13")
+    r.on_event("ADDED", make(KEYS[2], {}, 14))
+    assert rvs(await collect(subscription)) == [("ADDED", 14)]
+
+
+async def test_a_full_queue_ends_the_subscription_not_the_others() -> None:
+    r = resource()
+    slow = r.subscribe(from_rv=10, queue_size=2)
+    fast = r.subscribe(from_rv=10, queue_size=2)
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    r.on_event("ADDED", make(KEYS[2], {}, 12))
+    r.on_bookmark("13")  # a full queue skips a bookmark: not an overflow
+    assert slow.ended is None and slow.depth == 2
+    assert rvs(await collect(fast)) == [("ADDED", 11), ("ADDED", 12)]
+    r.on_event("ADDED", make(KEYS[3], {}, 14))
+    assert slow.overflowed and await collect(slow) == []  # ended: nothing more, at once
+    assert fast.ended is None and rvs(await collect(fast)) == [("ADDED", 14)]
+    assert r.subscribers == 1
+
+
+async def test_a_relist_ends_every_subscription() -> None:
+    r = resource()
+    subscriptions = [r.subscribe(from_rv=10, queue_size=5) for _ in range(3)]
+    r.on_list([], "20")
+    assert all(s.relisted for s in subscriptions) and r.subscribers == 0
+    with pytest.raises(Expired):
+        r.subscribe(from_rv=10, queue_size=5)
+    assert r.subscribers == 0  # a refused subscription is not registered
+
+
+async def test_the_last_subscription_ending_makes_the_resource_idle() -> None:
+    r = resource()
+    idle: list[SharedResource] = []
+    r.on_idle = idle.append
+    r.users = 1
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    r.users = 0
+
+    def is_idle() -> bool:
+        return r.idle
+
+    assert not is_idle()
+    subscription.close()
+    assert is_idle() and idle == [r]
+    subscription.close()  # idempotent
+    assert idle == [r] and subscription.ended == "closed"
+
+
+async def test_waiting_for_a_resource_version() -> None:
+    r = resource()
+    waiting = asyncio.create_task(r.wait_for(12, timeout=5))
+    await asyncio.sleep(0)
+    r.on_bookmark("11")
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    r.on_event("ADDED", make(KEYS[1], {}, 12))
+    assert await waiting
+    assert await r.wait_for(12, timeout=0)
+    assert await r.wait_synced(0)
+
+
+async def test_stopping_ends_subscriptions_and_waiters() -> None:
+    r = resource()
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    waiting = asyncio.create_task(r.wait_for(99, timeout=5))
+    await asyncio.sleep(0)
+    await r.stop()
+    assert subscription.stopped and not await waiting
+    late = r.subscribe(from_rv=10, queue_size=5)
+    assert late.stopped and r.subscribers == 0

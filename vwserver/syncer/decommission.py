@@ -1,0 +1,507 @@
+"""``vwserver sync --config FILE --decommission``: take one syncer out of service cleanly.
+
+Why: a syncer puts its finalizer ``sync.edge-connect.eu/syncer-<name>`` on every kcp object it
+syncs, so that a deletion waits until the downstream copy is gone. A syncer that is stopped for
+good leaves those finalizers behind, and every deletion in kcp then hangs in Terminating. This
+command, run once the syncer's replicas are stopped, removes what the syncer left:
+
+1. **Its finalizer**, from every object its endpoints show (every configured resource, every
+   endpoint URL, ``clusters/*``). Each removal is a JSON patch (RFC 6902) that ``test``\\ s the
+   object's ``resourceVersion`` and that the entry at index *i* of ``metadata.finalizers`` is
+   ours, then removes index *i*: only our entry goes, and only from the version we read (the
+   apiserver applies a patch to the stored object: a failed ``test`` is refused with 422, a
+   concurrent write makes our test fail). Refused patches are retried on a fresh read.
+2. With ``--delete-downstream``: **its downstream copies** — only objects labelled with this
+   syncer's name (:func:`~vwserver.syncer.naming.owned_by`, as the sync loop marks them), each
+   deleted with a ``uid`` precondition — and then **the namespaces it created that are now
+   empty**: labelled as syncer-made, named exactly as this syncer derives names for the source
+   their annotations name, and holding nothing but what Kubernetes puts in every namespace
+   (ServiceAccount ``default``, ConfigMap ``kube-root-ca.crt``, events). A copy that still waits
+   for its own finalizers (an operator's) is waited for up to ``--wait`` seconds; its namespace
+   is kept until a later run finds it empty.
+
+A summary is printed; the exit code is 0 only if everything was cleaned. Running it again is
+safe and finishes what an earlier run could not (nothing already clean is touched). Objects that
+left the syncer's filtered view while carrying its finalizer cannot be seen through its
+endpoints and are not reached (remove that finalizer through kcp directly).
+
+Before touching anything, the syncer's Lease in the downstream cluster is read: a lease renewed
+within its duration means a replica still runs (it would put every finalizer back) and the
+command refuses, unless ``--force``.
+
+:func:`finalizer_patch`, :func:`leftovers` and :func:`lease_holder` are the pure decisions;
+:class:`Decommission` does the I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vwserver.clock import Clock, SystemClock
+from vwserver.errors import (
+    ApiConflict,
+    ApiError,
+    ApiInvalid,
+    ApiNotFound,
+    DecommissionRefused,
+    SyncError,
+    UpstreamUnavailable,
+)
+from vwserver.k8s import kcp
+from vwserver.k8s.client import JSON, KubeClient
+from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR
+from vwserver.k8s.resources import LEASES, NAMESPACES, ResourceType
+from vwserver.syncer.clients import open_clients
+from vwserver.syncer.config import SyncerConfig
+from vwserver.syncer.endpoints import read_endpoints
+from vwserver.syncer.naming import (
+    ANN_CLUSTER,
+    ANN_NAMESPACE,
+    LABEL_MANAGED,
+    LABEL_SYNCER,
+    downstream_namespace,
+    owned_by,
+    upstream_key,
+)
+
+log = logging.getLogger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+PAGE_SIZE = 500
+ATTEMPTS = 5
+"""Fresh reads per object before a finalizer removal counts as failed (each refused patch means
+the object changed meanwhile)."""
+
+# What Kubernetes creates in every namespace by itself: their presence does not make a namespace
+# "used". (group, resource) -> names, or None for every object of the resource.
+_BUILT_IN: dict[tuple[str, str], frozenset[str] | None] = {
+    ("", "serviceaccounts"): frozenset({"default"}),
+    ("", "configmaps"): frozenset({"kube-root-ca.crt"}),
+    ("", "events"): None,
+    ("events.k8s.io", "events"): None,
+}
+
+
+# --- pure decisions --------------------------------------------------------------------------
+
+
+def finalizer_patch(obj: Mapping[str, Any], finalizer: str) -> list[JSON] | None:
+    """The JSON patch that removes ``finalizer`` from ``obj`` as read, or None if it has none.
+
+    ``test`` ops make it conditional: on the resourceVersion read and on the entry at the index
+    being ours, so only our entry is removed and only from this version of the object."""
+    meta = obj.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if finalizer not in finalizers:
+        return None
+    i = finalizers.index(finalizer)
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
+        {"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
+        {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+    ]
+
+
+def namespace_is_ours(ns: Mapping[str, Any], *, prefix: str) -> bool:
+    """Whether a downstream namespace is one this syncer's config derives: labelled as made by
+    a syncer and named exactly as :func:`downstream_namespace` names its source's."""
+    meta = ns.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    cluster, namespace = annotations.get(ANN_CLUSTER), annotations.get(ANN_NAMESPACE)
+    if labels.get(LABEL_MANAGED) != "true" or not cluster or namespace is None:
+        return False
+    return bool(meta.get("name") == downstream_namespace(cluster, namespace, prefix=prefix))
+
+
+def leftovers(listings: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> list[str]:
+    """What keeps a namespace from being empty: ``resource/name`` of every object but the ones
+    Kubernetes puts in every namespace. ``listings``: (group, resource) -> the objects."""
+    out = []
+    for (group, resource), objects in sorted(listings.items()):
+        if (group, resource) in _BUILT_IN and _BUILT_IN[(group, resource)] is None:
+            continue
+        allowed = _BUILT_IN.get((group, resource)) or frozenset()
+        qualified = f"{resource}.{group}" if group else resource
+        for obj in objects:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            if name not in allowed:
+                out.append(f"{qualified}/{name}")
+    return out
+
+
+def lease_holder(
+    lease: Mapping[str, Any] | None, *, now: datetime.datetime, margin: float = 5.0
+) -> str | None:
+    """The identity holding ``lease`` if it was renewed within its duration (plus ``margin``
+    seconds for clock skew) before ``now``; None if it is free, released or expired."""
+    spec = (lease or {}).get("spec") or {}
+    holder = spec.get("holderIdentity")
+    if not holder:
+        return None  # released on shutdown, or never taken
+    renewed = _parse_time(spec.get("renewTime"))
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    if renewed is None:
+        return str(holder)
+    return str(holder) if (now - renewed).total_seconds() < duration + margin else None
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+# --- the summary -----------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    """What a decommission did; :attr:`clean` decides the exit code."""
+
+    syncer: str
+    finalizers_removed: list[str] = field(default_factory=list)
+    objects_seen: int = 0
+    copies_deleted: list[str] = field(default_factory=list)
+    copies_terminating: list[str] = field(default_factory=list)
+    namespaces_deleted: list[str] = field(default_factory=list)
+    namespaces_kept: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.failures and not self.copies_terminating
+
+    def lines(self, *, downstream: bool) -> list[str]:
+        out = [
+            f"decommission of syncer {self.syncer!r}:",
+            f"  finalizers removed: {len(self.finalizers_removed)} "
+            f"(of {self.objects_seen} objects seen upstream)",
+        ]
+        out += [f"    {key}" for key in self.finalizers_removed]
+        if downstream:
+            out.append(f"  downstream copies deleted: {len(self.copies_deleted)}")
+            out += [f"    {name}" for name in self.copies_deleted]
+            if self.copies_terminating:
+                out.append(
+                    f"  downstream copies still terminating (their own finalizers): "
+                    f"{len(self.copies_terminating)} — run again later"
+                )
+                out += [f"    {name}" for name in self.copies_terminating]
+            out.append(f"  namespaces deleted: {len(self.namespaces_deleted)}")
+            out += [f"    {name}" for name in self.namespaces_deleted]
+            if self.namespaces_kept:
+                out.append(f"  namespaces kept (not empty): {len(self.namespaces_kept)}")
+                out += [f"    {line}" for line in self.namespaces_kept]
+        else:
+            out.append("  downstream copies: kept (no --delete-downstream)")
+        if self.failures:
+            out.append(f"  FAILED: {len(self.failures)}")
+            out += [f"    {line}" for line in self.failures]
+        out.append("  result: " + ("clean" if self.clean else "NOT clean — run again"))
+        return out
+
+
+# --- the I/O ---------------------------------------------------------------------------------
+
+
+class Decommission:
+    def __init__(
+        self,
+        config: SyncerConfig,
+        *,
+        upstream: KubeClient,
+        endpoints: KubeClient,
+        downstream: KubeClient,
+        upstream_server: str,
+        downstream_base: str,
+        clock: Clock | None = None,
+        wait_seconds: float = 60.0,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        """``upstream``: kcp (the slice lookup); ``endpoints``: the endpoint URLs' connection;
+        ``wait_seconds``: how long deleted downstream copies are waited for."""
+        self.config = config
+        self._upstream = upstream
+        self._endpoints = endpoints
+        self._downstream = downstream
+        self._upstream_server = upstream_server
+        self._down = downstream_base
+        self._clock = clock or SystemClock()
+        self._wait = wait_seconds
+        self._poll = poll_seconds
+        self.summary = Summary(config.name)
+
+    async def check_not_running(self) -> None:
+        """Refuse while a replica holds the syncer's Lease (it would re-add every finalizer)."""
+        cfg = self.config
+        if not cfg.leader_election.enabled:
+            log.warning("leader election is off: cannot check that no replica still runs")
+            return
+        url = LEASES.item(self._down, cfg.leader_election.namespace, cfg.lease_name)
+        try:
+            lease = await self._downstream.get(url)
+        except (ApiError, UpstreamUnavailable) as e:
+            raise DecommissionRefused(
+                f"cannot read lease {cfg.leader_election.namespace}/{cfg.lease_name} to check "
+                f"that the syncer is stopped: {e} (--force skips the check)"
+            ) from e
+        holder = lease_holder(lease, now=self._clock.now())
+        if holder is not None:
+            raise DecommissionRefused(
+                f"the syncer still runs: lease {cfg.leader_election.namespace}/{cfg.lease_name} "
+                f"is held by {holder!r}; stop every replica first (a stopped replica releases "
+                "it; a crashed one's expires after leaseDurationSeconds), or --force"
+            )
+
+    async def remove_finalizers(self) -> None:
+        urls = await self._endpoint_urls()
+        for resource in self.config.resources:
+            t = ResourceType(resource.group, resource.version, resource.resource, resource.kind)
+            for url in urls:
+                await self._remove_finalizers_at(t, url)
+
+    async def delete_downstream(self) -> None:
+        """Delete this syncer's downstream copies, wait for them, then its empty namespaces."""
+        pending: dict[str, tuple[ResourceType, str, str]] = {}
+        used_namespaces: set[str] = set()
+        for resource in self.config.resources:
+            d = resource.target
+            t = ResourceType(d.group, d.version, d.resource, d.kind)
+            try:
+                objects = await _list_all(
+                    self._downstream,
+                    t.collection(self._down),
+                    [("labelSelector", f"{LABEL_SYNCER}={self.config.name}")],
+                )
+            except (ApiError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"listing downstream {t.resource}: {e}")
+                continue
+            for obj in objects:
+                if not owned_by(obj, self.config.name):
+                    continue  # the label selector said so; the labels must say so too
+                meta = obj.get("metadata") or {}
+                namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+                label = f"{t.resource} {namespace}/{name}"
+                used_namespaces.add(namespace)
+                try:
+                    if not meta.get("deletionTimestamp"):
+                        # uid precondition: a same-named object created meanwhile is not ours
+                        await self._downstream.delete(
+                            t.item(self._down, namespace, name), uid=meta.get("uid")
+                        )
+                        self.summary.copies_deleted.append(label)
+                        log.info("deleted downstream %s", label)
+                except (ApiNotFound, ApiConflict):
+                    continue  # gone, or replaced by an object that is not this one
+                except (ApiError, UpstreamUnavailable) as e:
+                    self.summary.failures.append(f"deleting downstream {label}: {e}")
+                    continue
+                pending[label] = (t, namespace, name)
+        await self._wait_gone(pending)
+        await self._delete_empty_namespaces(used_namespaces)
+
+    # --- upstream ------------------------------------------------------------------------------
+
+    async def _endpoint_urls(self) -> list[str]:
+        up = self.config.upstream
+        if up.endpoint_slice is None:
+            return [u.rstrip("/") for u in up.urls]
+        urls = await read_endpoints(
+            self._upstream, server=self._upstream_server, ref=up.endpoint_slice
+        )
+        if not urls:
+            log.warning("endpoint slice %s lists no endpoint URLs", up.endpoint_slice.name)
+        return urls
+
+    async def _remove_finalizers_at(self, t: ResourceType, endpoint: str) -> None:
+        try:
+            objects = await _list_all(self._endpoints, t.collection(kcp.clusters(endpoint)), [])
+        except (ApiError, UpstreamUnavailable) as e:
+            self.summary.failures.append(f"listing {t.resource} at {endpoint}: {e}")
+            return
+        self.summary.objects_seen += len(objects)
+        for obj in objects:
+            key = upstream_key(obj)
+            if key is None or finalizer_patch(obj, self.config.finalizer) is None:
+                continue
+            url = t.item(kcp.clusters(endpoint, key.cluster), key.namespace or None, key.name)
+            label = f"{t.resource} {key}"
+            try:
+                removed = await self._remove_finalizer(url, obj)
+            except (ApiError, SyncError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"finalizer of {label}: {e}")
+                continue
+            if removed:
+                self.summary.finalizers_removed.append(label)
+                log.info("removed finalizer %s from %s", self.config.finalizer, label)
+
+    async def _remove_finalizer(self, url: str, obj: JSON) -> bool:
+        """Remove our finalizer from the object at ``url`` (``obj``: as last read); False if it
+        was gone already. Retried on a fresh read when the object changed meanwhile."""
+        for _ in range(ATTEMPTS):
+            patch = finalizer_patch(obj, self.config.finalizer)
+            if patch is None:
+                return False
+            try:
+                await self._endpoints.request("PATCH", url, body=patch, content_type=JSON_PATCH)
+                return True
+            except ApiNotFound:
+                return False  # deleted (or out of view) meanwhile
+            except (ApiConflict, ApiInvalid):
+                # a failed `test`: the object changed since we read it
+                fresh = await self._endpoints.get(url)
+                if fresh is None:
+                    return False
+                obj = fresh
+        raise SyncError(f"it kept changing ({ATTEMPTS} conditional patches refused); run again")
+
+    # --- downstream ----------------------------------------------------------------------------
+
+    async def _wait_gone(self, pending: dict[str, tuple[ResourceType, str, str]]) -> None:
+        deadline = self._clock.monotonic() + self._wait
+        while pending:
+            for label, (t, namespace, name) in list(pending.items()):
+                try:
+                    if await self._downstream.get(t.item(self._down, namespace, name)) is None:
+                        del pending[label]
+                except (ApiError, UpstreamUnavailable) as e:
+                    self.summary.failures.append(f"checking downstream {label}: {e}")
+                    del pending[label]
+            if not pending or self._clock.monotonic() >= deadline:
+                break
+            await self._clock.sleep(self._poll)
+        self.summary.copies_terminating.extend(sorted(pending))
+
+    async def _delete_empty_namespaces(self, used: set[str]) -> None:
+        try:
+            namespaces = await _list_all(
+                self._downstream,
+                NAMESPACES.collection(self._down),
+                [("labelSelector", f"{LABEL_MANAGED}=true")],
+            )
+        except (ApiError, UpstreamUnavailable) as e:
+            self.summary.failures.append(f"listing downstream namespaces: {e}")
+            return
+        candidates = [
+            str(ns["metadata"]["name"])
+            for ns in namespaces
+            if namespace_is_ours(ns, prefix=self.config.namespace_prefix)
+            and not (ns.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        if not candidates:
+            return
+        try:
+            types = await _namespaced_types(self._downstream, self._down)
+        except (ApiError, UpstreamUnavailable) as e:
+            self.summary.failures.append(f"downstream discovery (to see what is left): {e}")
+            return
+        for name in sorted(candidates):
+            try:
+                left = leftovers(
+                    {
+                        (t.group, t.resource): await _list_all(
+                            self._downstream, t.collection(self._down, name), []
+                        )
+                        for t in types
+                    }
+                )
+                if left:
+                    if name in used:
+                        shown = ", ".join(left[:5]) + (", …" if len(left) > 5 else "")
+                        self.summary.namespaces_kept.append(f"{name}: {shown}")
+                    continue
+                await self._downstream.request("DELETE", NAMESPACES.item(self._down, None, name))
+                self.summary.namespaces_deleted.append(name)
+                log.info("deleted downstream namespace %s", name)
+            except ApiNotFound:
+                continue
+            except (ApiError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"namespace {name}: {e}")
+
+
+async def _list_all(client: KubeClient, url: str, query: Iterable[tuple[str, str]]) -> list[JSON]:
+    """Every item of a collection, in pages (``limit``/``continue``)."""
+    items: list[JSON] = []
+    token = ""
+    while True:
+        q = [*query, ("limit", str(PAGE_SIZE))] + ([("continue", token)] if token else [])
+        page = await client.request("GET", url, query=q)
+        items.extend(page.get("items") or [])
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return items
+
+
+async def _namespaced_types(client: KubeClient, base: str) -> list[ResourceType]:
+    """Every namespaced resource type the server lists (preferred versions), from discovery."""
+    lists = [await client.request("GET", f"{base}/api/v1")]
+    groups = await client.request("GET", f"{base}/apis")
+    for group in groups.get("groups") or []:
+        gv = (group.get("preferredVersion") or {}).get("groupVersion")
+        if gv:
+            with contextlib.suppress(ApiNotFound):  # an aggregated API that went away
+                lists.append(await client.request("GET", f"{base}/apis/{gv}"))
+    out = []
+    for doc in lists:
+        group, _, version = str(doc.get("groupVersion", "")).rpartition("/")
+        for r in doc.get("resources") or []:
+            name = str(r.get("name", ""))
+            if "/" in name or not r.get("namespaced") or "list" not in (r.get("verbs") or []):
+                continue
+            out.append(ResourceType(group, version, name, str(r.get("kind", ""))))
+    return out
+
+
+async def decommission(
+    config: SyncerConfig,
+    *,
+    base_dir: Path,
+    delete_downstream: bool,
+    force: bool = False,
+    wait_seconds: float = 60.0,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> Summary:
+    """Decommission the syncer ``config`` describes (module docstring). Raises ConfigError for
+    unusable credentials, :class:`DecommissionRefused` when a replica still runs."""
+    async with open_clients(
+        config, base_dir=base_dir, service_account_dir=service_account_dir
+    ) as clients:
+        job = Decommission(
+            config,
+            upstream=clients.upstream,
+            endpoints=clients.endpoints,
+            downstream=clients.downstream,
+            upstream_server=clients.upstream_server,
+            downstream_base=clients.downstream_base,
+            wait_seconds=wait_seconds,
+        )
+        if not force:
+            await job.check_not_running()
+        try:
+            await job.remove_finalizers()
+        except (ApiError, UpstreamUnavailable) as e:  # the endpoint slice could not be read
+            job.summary.failures.append(f"endpoint URLs: {e}")
+        if delete_downstream:
+            await job.delete_downstream()
+        return job.summary
+
+
+__all__ = [
+    "Decommission",
+    "DecommissionRefused",
+    "Summary",
+    "decommission",
+    "finalizer_patch",
+    "lease_holder",
+    "leftovers",
+    "namespace_is_ours",
+]
