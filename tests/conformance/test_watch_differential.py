@@ -59,7 +59,9 @@ async def _namespace(pair: Pair) -> AsyncIterator[str]:
     try:
         yield ns
     finally:
-        await pair.kcp.kubectl("delete", "namespace", ns, "--wait=false", server=ws.url)
+        # Waited for: kcp deletes the namespace's objects (the marker) asynchronously, and a
+        # differential read of a later test must not see them vanish between its two reads.
+        await pair.kcp.kubectl("delete", "namespace", ns, "--timeout=120s", server=ws.url)
 
 
 async def _current_rv(pair: Pair) -> str:

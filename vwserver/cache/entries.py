@@ -22,23 +22,13 @@ from typing import Final, Literal
 import msgspec
 
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
+from vwserver.k8s.types import ObjectMeta
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
-class _MetaWire(msgspec.Struct, omit_defaults=True):
-    name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    resourceVersion: str = ""
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
-    finalizers: list[str] | None = None
-    deletionTimestamp: str | None = None
-
-
 class _ObjectWire(msgspec.Struct):
-    metadata: _MetaWire = msgspec.field(default_factory=_MetaWire)
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 _decode_object: Final = msgspec.json.Decoder(_ObjectWire).decode

@@ -18,6 +18,8 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     resourceVersion: str = ""
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
+    finalizers: list[str] | None = None
+    deletionTimestamp: str | None = None
 
 
 class ObjectHead(msgspec.Struct, omit_defaults=True):
