@@ -1,5 +1,6 @@
 # The two commands a newcomer needs (README):
 #   make run    set everything up, start a local kcp, bootstrap a demo, start vwserver
+#   (make run-sync: the same for the syncer's story: a database synced to a downstream operator)
 #   make test   set everything up and run every test (lint, unit, integration, kcp e2e)
 # Everything else here is a building block of those two.
 
@@ -8,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup kcp go-clients run test check lint typecheck pytest unit integration e2e bench lock clean
+.PHONY: setup kcp go-clients run run-sync test check lint typecheck pytest unit integration e2e bench lock clean
 
 setup: $(STAMP) kcp
 
@@ -31,6 +32,9 @@ go-clients:
 
 run: setup
 	$(BIN)/python -m devenv.demo
+
+run-sync: setup
+	$(BIN)/python -m devenv.seed_story
 
 test: setup check pytest
 

@@ -309,21 +309,22 @@ async def serve_demo(
     our stderr).
     """
     api = await prepare_world(kcp, world, api_workspace=api_workspace)
-    async with _vwserver(run_dir, kcp=kcp, api=api, port=port, log=log) as (process, base):
+    async with start_vwserver(run_dir, kcp=kcp, api=api, port=port, log=log) as (process, base):
         endpoints = {}
         for name in SLICES:
-            endpoints[name] = await _endpoint(kcp, world, name, base=base)
+            endpoints[name] = await served_endpoint(kcp, world.provider, name, base=base)
         write_kubeconfigs(run_dir, endpoints, token=world.tokens["alice"])
         yield DemoServer(base=base, endpoints=endpoints, run_dir=run_dir, process=process)
 
 
-async def _endpoint(kcp: KcpInstance, world: Bootstrap, name: str, *, base: str) -> str:
-    """The slice's endpoint URL once it is Ready *and* served by this vwserver (a vwserver
-    that lost its port to another process may have written its own URL first)."""
-    await wait_slice_ready(kcp, world.provider, name, within=30)
+async def served_endpoint(kcp: KcpInstance, ws: Workspace, name: str, *, base: str) -> str:
+    """The endpoint URL of slice ``name`` in ``ws`` once it is Ready *and* served by the vwserver
+    at ``base`` (a vwserver that lost its port to another process may have written its own URL
+    first)."""
+    await wait_slice_ready(kcp, ws, name, within=30)
 
     async def ours() -> str | None:
-        status = (await get_json(kcp, world.provider.url, KIND, name)).get("status") or {}
+        status = (await get_json(kcp, ws.url, KIND, name)).get("status") or {}
         urls = [e.get("url", "") for e in status.get("endpoints") or []]
         return next((u for u in urls if u.startswith(f"{base}/")), None)
 
@@ -342,7 +343,7 @@ def _port(preferred: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _vwserver(
+async def start_vwserver(
     run_dir: Path, *, kcp: KcpInstance, api: Workspace, port: int, log: TextIO | None
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """A ready ``vwserver serve`` on a port it could bind; stopped on exit.
@@ -378,7 +379,7 @@ async def _vwserver(
             yield process, base
             return
         finally:
-            await _stop(process)
+            await stop_process(process)
             with contextlib.suppress(TimeoutError):  # its last lines; cancelled after 5 s
                 await asyncio.wait_for(relay, 5)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -395,7 +396,8 @@ async def _relay(stream: asyncio.StreamReader, log: TextIO | None, in_use: async
         sink.flush()
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
+async def stop_process(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after 10 s; reaped either way."""
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()

@@ -453,6 +453,23 @@ class KcpInstance:
         """The URL of a workspace by path (``root:provider``) or logical-cluster ID."""
         return f"{self.url}/clusters/{workspace}"
 
+    def write_admin_kubeconfig(self, path: Path, *, server: str) -> None:
+        """A kubeconfig at ``path`` with ``admin_context``'s user and CA, pointed at ``server``
+        (kcp's base URL, a workspace URL), as its one and current context."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        ctx = next(c["context"] for c in config["contexts"] if c["name"] == self.admin_context)
+        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "clusters": [{"name": "c", "cluster": {**cluster, "server": server}}],
+            "users": [{"name": "u", "user": user}],
+        }
+        path.write_text(yaml.safe_dump(doc))
+
     def ssl_context(self) -> ssl.SSLContext:
         """A verifying TLS context trusting kcp's serving CA."""
         return ssl.create_default_context(cafile=str(self.ca_file))

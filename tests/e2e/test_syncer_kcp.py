@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 import pytest_asyncio
-import yaml
 
 from devenv.bootstrap import (
     Workspace,
@@ -206,24 +205,6 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def write_kubeconfig(kcp: KcpInstance, server: str, path: Path) -> None:
-    """The admin kubeconfig's context, pointed at ``server``."""
-    config = yaml.safe_load(kcp.kubeconfig.read_text())
-    contexts = {c["name"]: c["context"] for c in config["contexts"]}
-    ctx = contexts[kcp.admin_context]
-    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
-    user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "c",
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {**cluster, "server": server}}],
-        "users": [{"name": "u", "user": user}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-
-
 async def eventually(
     what: str, probe: Callable[[], Awaitable[T | None]], *, within: float = WAIT
 ) -> T:
@@ -286,8 +267,8 @@ async def _setup(kcp: KcpInstance, directory: Path, session: aiohttp.ClientSessi
         return next((e["url"] for e in endpoints or [] if e.get("url")), None)
 
     vw_url = await poll("endpoint slice URL", endpoint, within=SETUP)
-    write_kubeconfig(kcp, kcp.url, directory / "kcp.kubeconfig")
-    write_kubeconfig(kcp, ws["down"].url, directory / "downstream.kubeconfig")
+    kcp.write_admin_kubeconfig(directory / "kcp.kubeconfig", server=kcp.url)
+    kcp.write_admin_kubeconfig(directory / "downstream.kubeconfig", server=ws["down"].url)
     env = SyncWorld(
         kcp=kcp,
         provider=provider,

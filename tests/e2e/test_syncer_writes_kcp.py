@@ -32,7 +32,6 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 import pytest_asyncio
-import yaml
 
 from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll, wait_workspace_ready
 from devenv.kcp import KcpInstance
@@ -104,23 +103,6 @@ DOWNSTREAM_CRD = {
         ],
     },
 }
-
-
-def write_kubeconfig(kcp: KcpInstance, server: str, path: Path) -> None:
-    """The admin kubeconfig's context, pointed at ``server`` (a workspace URL)."""
-    config = yaml.safe_load(kcp.kubeconfig.read_text())
-    ctx = next(c["context"] for c in config["contexts"] if c["name"] == kcp.admin_context)
-    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
-    user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "c",
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {**cluster, "server": server}}],
-        "users": [{"name": "u", "user": user}],
-    }
-    path.write_text(yaml.safe_dump(doc))
 
 
 @dataclass
@@ -229,8 +211,8 @@ async def widgets(
     downstream = await wait_workspace_ready(kcp, name, within=SETUP)
     await apply_retrying(kcp, downstream.url, json.dumps(DOWNSTREAM_CRD), within=SETUP)
     directory = tmp_path_factory.mktemp("syncer-writes")
-    write_kubeconfig(kcp, kcp.url, directory / "kcp.kubeconfig")
-    write_kubeconfig(kcp, downstream.url, directory / "downstream.kubeconfig")
+    kcp.write_admin_kubeconfig(directory / "kcp.kubeconfig", server=kcp.url)
+    kcp.write_admin_kubeconfig(directory / "downstream.kubeconfig", server=downstream.url)
     async with kcp.http_session(timeout=30) as session:
         env = WidgetWorld(
             kcp=kcp, world=world, downstream=downstream, dir=directory, session=session

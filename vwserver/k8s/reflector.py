@@ -43,7 +43,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypedDict, TypeVar, Unpack
 
 import msgspec
 
@@ -78,6 +78,19 @@ def resource_version(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
+class LoopOptions(TypedDict, total=False):
+    """How a list+watch loop pages, watches and retries; every key has a default."""
+
+    label_selector: str | None
+    field_selector: str | None
+    page_size: int  # default 500
+    watch_timeout: int  # default 300 (each watch asks for a random value in [t, 2t))
+    idle_grace: float  # default 60: a silent stream is dead this long after its timeout
+    backoff: Backoff | None
+    on_restart: Callable[[str], None] | None
+    rand: Callable[[], float]
+
+
 class _ListWatch:
     """The loop both modes share: list, watch, resume, relist on 410, back off on failure.
     Subclasses read the collection (:meth:`_list`) and one watch (:meth:`_watch`)."""
@@ -89,15 +102,16 @@ class _ListWatch:
         client: KubeClient,
         url: str,
         clock: Clock,
-        label_selector: str | None,
-        field_selector: str | None,
-        page_size: int,
-        watch_timeout: int,
-        idle_grace: float,
-        backoff: Backoff | None,
-        on_restart: Callable[[str], None] | None,
-        rand: Callable[[], float],
+        **options: Unpack[LoopOptions],
     ) -> None:
+        label_selector = options.get("label_selector")
+        field_selector = options.get("field_selector")
+        page_size = options.get("page_size", 500)
+        watch_timeout = options.get("watch_timeout", 300)
+        idle_grace = options.get("idle_grace", 60.0)
+        backoff = options.get("backoff")
+        on_restart = options.get("on_restart")
+        rand = options.get("rand", random.random)
         self.name = name
         self.url = url
         self.resource_version = ""
@@ -207,29 +221,9 @@ class Reflector(_ListWatch, Generic[H]):
         url: str,
         handler: H,
         clock: Clock,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int = 500,
-        watch_timeout: int = 300,
-        idle_grace: float = 60.0,
-        backoff: Backoff | None = None,
-        on_restart: Callable[[str], None] | None = None,
-        rand: Callable[[], float] = random.random,
+        **options: Unpack[LoopOptions],
     ) -> None:
-        super().__init__(
-            name=name,
-            client=client,
-            url=url,
-            clock=clock,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            page_size=page_size,
-            watch_timeout=watch_timeout,
-            idle_grace=idle_grace,
-            backoff=backoff,
-            on_restart=on_restart,
-            rand=rand,
-        )
+        super().__init__(name=name, client=client, url=url, clock=clock, **options)
         self.handler = handler
 
     async def _list(self) -> None:
@@ -305,29 +299,9 @@ class RawReflector(_ListWatch, Generic[T]):
         decode: Callable[[msgspec.Raw], T],
         version: Callable[[T], int | str],
         clock: Clock,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int = 500,
-        watch_timeout: int = 300,
-        idle_grace: float = 60.0,
-        backoff: Backoff | None = None,
-        on_restart: Callable[[str], None] | None = None,
-        rand: Callable[[], float] = random.random,
+        **options: Unpack[LoopOptions],
     ) -> None:
-        super().__init__(
-            name=name,
-            client=client,
-            url=url,
-            clock=clock,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            page_size=page_size,
-            watch_timeout=watch_timeout,
-            idle_grace=idle_grace,
-            backoff=backoff,
-            on_restart=on_restart,
-            rand=rand,
-        )
+        super().__init__(name=name, client=client, url=url, clock=clock, **options)
         self.handler = handler
         self.list_kind = ""
         """The ``kind`` of the last list (e.g. ``WidgetList``): what the collection holds."""

@@ -36,7 +36,7 @@ from vwserver.proxy.cache_plan import Consistency, Continue, ListPlan, WatchPlan
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import LIST_FOOTER
 from vwserver.proxy.negotiation import Shape
-from vwserver.proxy.responses import headers_only
+from vwserver.proxy.responses import headers_only, prepare_list
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
@@ -237,11 +237,7 @@ async def serve_cached_list(
     )
     response = web.StreamResponse(status=200)
     response.content_type = "application/json"
-    if "gzip" in ctx.request.headers.get("Accept-Encoding", "") and not headers_only(ctx.request):
-        response.enable_compression(web.ContentCoding.gzip)
-    await response.prepare(ctx.request)
-    if headers_only(ctx.request):
-        await response.write_eof()
+    if not await prepare_list(ctx.request, response):
         return response
     await response.write(head)
     for start in range(0, len(entries), _WRITE_BATCH):

@@ -38,7 +38,12 @@ from vwserver.proxy.filtering import (
     list_header,
     strip_row_object,
 )
-from vwserver.proxy.responses import headers_only, read_body, relay_whole, response_headers
+from vwserver.proxy.responses import (
+    prepare_list,
+    read_body,
+    relay_whole,
+    response_headers,
+)
 from vwserver.proxy.yamlout import YAML_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -65,13 +70,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     )
     if ctx.representation.yaml:
         response.headers["Content-Type"] = YAML_CONTENT_TYPE
-    # The apiserver gzips large responses for clients that accept it; a streamed list's size is
-    # unknown up front, so the proxy compresses whenever the client accepts gzip.
-    if "gzip" in ctx.request.headers.get("Accept-Encoding", "") and not headers_only(ctx.request):
-        response.enable_compression(web.ContentCoding.gzip)
-    await response.prepare(ctx.request)
-    if headers_only(ctx.request):
-        await response.write_eof()
+    if not await prepare_list(ctx.request, response):
         return response
     # Later pages must not repeat resourceVersion(Match): the apiserver refuses them together
     # with a continue token.

@@ -60,3 +60,19 @@ def headers_only(request: web.Request) -> bool:
     """A HEAD request gets the GET's status and headers and no body (RFC 9110 §9.3.2); a
     streamed response must stop after its headers itself."""
     return request.method == "HEAD"
+
+
+async def prepare_list(request: web.Request, response: web.StreamResponse) -> bool:
+    """Send a streamed list response's headers; False when no body follows (a HEAD request,
+    whose response is then complete).
+
+    The apiserver gzips large responses for clients that accept it; a streamed list's size is
+    unknown up front, so the proxy compresses whenever the client accepts gzip.
+    """
+    if "gzip" in request.headers.get("Accept-Encoding", "") and not headers_only(request):
+        response.enable_compression(web.ContentCoding.gzip)
+    await response.prepare(request)
+    if headers_only(request):
+        await response.write_eof()
+        return False
+    return True

@@ -1,0 +1,383 @@
+"""What ``make run-sync`` prints is tested: every kubectl line, run exactly as printed.
+
+The story's lines come from one pure function, :func:`devenv.seed_story.story_lines`; the story
+prints them (:func:`~devenv.seed_story.story_text`) and this module runs each one with
+``bash -c`` from the directory they were rendered for, against a story started by
+:func:`~devenv.seed_story.seed_story` — the code ``make run-sync`` runs — on the session's kcp:
+real ``vwserver serve`` in kcp mode serving the slice, real ``vwserver sync`` as a process, the
+operator of :mod:`devenv.mongo_operator`. Workspace names are unique to this run. What each line
+shows is checked against what kcp holds (read as kcp-admin, past vwserver and the syncer).
+
+vwserver's API is installed in ``root:vwserver-api``, the workspace the controller tests use (see
+tests/e2e/test_demo_lines_kcp.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from devenv.demo import DemoLine, shown_path
+from devenv.kcp import KcpInstance
+from devenv.mongo_operator import mongo_uri
+from devenv.seed_story import (
+    EXPORT,
+    NAMESPACE_PREFIX,
+    PLURAL,
+    SAMPLE_FILE,
+    SLICE,
+    SLICE_LABELS,
+    SYNCER,
+    Sample,
+    Story,
+    StoryNames,
+    sample_database,
+    seed_story,
+    story_lines,
+    story_text,
+)
+from devenv.slices import KIND
+from tests.e2e.controller_env import API_WS
+from vwserver.syncer.naming import LABEL_SYNCER, downstream_namespace, finalizer
+
+TIMEOUT = 60.0  # seconds for any one command or awaited output (the syncer and kcp converge)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Printed:
+    kcp: KcpInstance
+    story: Story
+    sample: Sample
+    lines: dict[str, DemoLine]
+    printed: list[str]
+    cwd: Path
+    env: dict[str, str]
+    log: Path
+    said: list[str]
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def story(
+    kcp: KcpInstance, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Printed]:
+    cwd = tmp_path_factory.mktemp("seed-story")  # where the user started `make run-sync`
+    run_dir = cwd / ".run" / "sync"
+    log = cwd / "processes.log"
+    said: list[str] = []
+    sample = sample_database()
+    with log.open("w") as sink:
+        async with seed_story(
+            kcp,
+            run_dir=run_dir,
+            port=0,
+            names=StoryNames.unique(),
+            api_workspace=API_WS,
+            ready_after=2.0,
+            log=sink,
+            say=said.append,
+        ) as running:
+            try:
+                kwargs: dict[str, Any] = {
+                    "kcp": kcp,
+                    "world": running.world,
+                    "sample_file": shown_path(SAMPLE_FILE, cwd),
+                    "sample": sample,
+                }
+                lines = story_lines(**kwargs)
+                text = story_text(
+                    **kwargs,
+                    run_dir=shown_path(run_dir, cwd),
+                    base=running.base,
+                    endpoint=running.endpoint,
+                    health=running.syncer.health,
+                )
+                env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+                env["HOME"] = str(cwd / "home")  # kubectl's discovery cache
+                yield Printed(
+                    kcp=kcp,
+                    story=running,
+                    sample=sample,
+                    lines={line.key: line for line in lines},
+                    printed=text.splitlines(),
+                    cwd=cwd,
+                    env=env,
+                    log=log,
+                    said=said,
+                )
+            finally:
+                # the slice would point at a stopped server; the sample must not keep the
+                # syncer's finalizer once the syncer is gone
+                provider = running.world.provider
+                await kcp.kubectl("delete", KIND, SLICE, "--ignore-not-found", server=provider.url)
+                await _purge(kcp, running, sample)
+
+
+async def _purge(kcp: KcpInstance, story: Story, sample: Sample) -> None:
+    server = story.world.consumers[0].url
+    found = await kcp.kubectl(
+        "get", PLURAL, sample.name, "-n", sample.namespace, "--ignore-not-found", "-o", "name",
+        server=server,
+    )  # fmt: skip
+    if found.stdout.strip():
+        await kcp.kubectl(
+            "patch", PLURAL, sample.name, "-n", sample.namespace, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', server=server,
+        )  # fmt: skip
+        await kcp.kubectl(
+            "delete", PLURAL, sample.name, "-n", sample.namespace, "--ignore-not-found",
+            "--wait=false", server=server,
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill the command's whole process group (bash and what it started) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+async def _spawn(printed: Printed, key: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        "bash", "-c", printed.lines[key].command,
+        cwd=printed.cwd, env=printed.env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+async def run_line(printed: Printed, key: str) -> Ran:
+    """Run the printed line ``key`` as printed, from the directory it was printed for."""
+    proc = await _spawn(printed, key)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        await _kill(proc)
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())
+
+
+def table(stdout: str) -> list[dict[str, str]]:
+    """kubectl's table output as rows (no empty cells: custom-columns prints ``<none>``)."""
+    lines = [line.split() for line in stdout.splitlines() if line.strip()]
+    assert lines, "no table"
+    header, *rows = lines
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+async def kcp_get(printed: Printed, server: str, *args: str) -> dict[str, Any] | None:
+    """An object (or list) as kcp-admin reads it from kcp; None when it does not exist."""
+    result = await printed.kcp.kubectl(
+        "get", *args, "-o", "json", "--ignore-not-found", server=server
+    )
+    return json.loads(result.stdout) if result.stdout.strip() else None
+
+
+async def upstream(printed: Printed) -> dict[str, Any] | None:
+    """The sample database in the consumer workspace, from kcp."""
+    sample, ws = printed.sample, printed.story.world.consumers[0]
+    return await kcp_get(printed, ws.url, PLURAL, sample.name, "-n", sample.namespace)
+
+
+def copy_namespace(printed: Printed) -> str:
+    """Where the syncer puts the sample's downstream copy."""
+    ws = printed.story.world.consumers[0]
+    return downstream_namespace(ws.cluster, printed.sample.namespace, prefix=NAMESPACE_PREFIX)
+
+
+async def downstream_copy(printed: Printed) -> dict[str, Any] | None:
+    down = printed.story.world.downstream.url
+    namespace = copy_namespace(printed)
+    return await kcp_get(printed, down, PLURAL, printed.sample.name, "-n", namespace)
+
+
+async def eventually(what: str, probe: Callable[[], Any], *, within: float = TIMEOUT) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(0.3)
+
+
+# --------------------------------------------------------------------------------------------
+# The printed text
+
+
+CHECKED = {"slice", "create", "watch", "wait", "downstream", "delete", "downstream-gone"}
+
+
+async def test_every_printed_line_is_checked_here(story: Printed) -> None:
+    """A line added to the story without a check in this module fails here."""
+    assert set(story.lines) == CHECKED
+    for line in story.lines.values():
+        assert line.command in story.printed  # verbatim, on a line of its own
+        for text in line.shows:
+            assert f"# {text}" in story.printed
+    commands = [p for p in story.printed if p.startswith("kubectl ")]
+    assert commands == [line.command for line in story.lines.values()]  # and nothing else
+
+
+async def test_the_processes_run_and_the_slice_line_shows_the_slice(story: Printed) -> None:
+    assert story.story.vwserver.returncode is None
+    assert story.story.syncer.process.returncode is None
+    assert not story.story.operator_task.done()
+    ran = await run_line(story, "slice")
+    assert ran.returncode == 0, ran.stderr
+    rows = {r["NAME"]: r for r in table(ran.stdout)}
+    assert rows[SLICE]["EXPORT"] == EXPORT
+    assert rows[SLICE]["READY"] == "True"
+    assert rows[SLICE]["ENDPOINT"] == story.story.endpoint
+    assert story.story.endpoint.startswith(f"{story.story.base}/services/filtered-apiexport/")
+
+
+async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed) -> None:
+    """The printed lines in their printed order: the sample is created in the consumer
+    workspace, appears downstream (synced by the syncer through vwserver's slice), the
+    operator's status arrives in kcp (the watch shows it, the wait returns), the downstream line
+    shows the copy with its internal mongoUri, and deleting it in kcp completes only once the
+    downstream copy is gone."""
+    sample = story.sample
+    assert sample.labels.items() >= SLICE_LABELS.items()  # the sample is in the slice
+    assert await upstream(story) is None
+
+    created = await run_line(story, "create")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout == f"{PLURAL}.{EXPORT}/{sample.name} created\n"
+
+    # the watch, in the background, until it shows the database Running and Synced
+    rows: list[list[str]] = []
+    changed = asyncio.Event()
+    watch = await _spawn(story, "watch")
+
+    async def read() -> None:
+        assert watch.stdout is not None
+        while line := await watch.stdout.readline():
+            cells = line.decode().split()
+            if cells and cells[0] != "NAME":
+                rows.append(cells)
+                changed.set()
+
+    reader = asyncio.create_task(read())
+    try:
+        # NAME PHASE VERSION MEMBERS SYNCED
+        version, members = sample.spec["version"], str(sample.spec["members"])
+        want = [sample.name, "Running", version, members, "True"]
+
+        async def running_row() -> bool:
+            if watch.returncode is not None:
+                raise AssertionError(f"the watch ended: rows {rows}")
+            return want in rows
+
+        await eventually(f"a Running row in the watch (rows so far: {rows})", running_row)
+    finally:
+        await _kill(watch)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    assert all(r[0] == sample.name for r in rows)
+
+    waited = await run_line(story, "wait")
+    assert waited.returncode == 0, waited.stderr
+    assert waited.stdout == f"{PLURAL}.{EXPORT}/{sample.name} condition met\n"
+
+    # ground truth in kcp: the operator's status, without mongoUri; the syncer's finalizer
+    up = await upstream(story)
+    assert up is not None
+    assert up["status"]["phase"] == "Running"
+    assert up["status"]["currentMongoDBMembers"] == sample.spec["members"]
+    assert "mongoUri" not in up["status"]  # statusExclude
+    synced = [c for c in up["status"]["conditions"] if c["type"] == "Synced"]
+    assert [c["status"] for c in synced] == ["True"]
+    assert finalizer(SYNCER) in up["metadata"]["finalizers"]
+
+    # the downstream copy, as the printed line shows it and as kcp holds it
+    copy = await downstream_copy(story)
+    assert copy is not None
+    assert copy["metadata"]["labels"][LABEL_SYNCER] == SYNCER
+    assert copy["spec"] == sample.spec
+    namespace = copy_namespace(story)
+    seen = await run_line(story, "downstream")
+    assert seen.returncode == 0, seen.stderr
+    assert {
+        "NAMESPACE": namespace,
+        "NAME": sample.name,
+        "PHASE": "Running",
+        "MONGOURI": mongo_uri(namespace, sample.name),
+    } in table(seen.stdout)
+    assert any(f"{namespace}/{sample.name} is Running" in line for line in story.said)
+
+    # delete: kubectl waits until kcp has removed it, which the syncer's finalizer holds until
+    # the downstream copy is gone
+    deleted = await run_line(story, "delete")
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout == f'{PLURAL}.{EXPORT} "{sample.name}" deleted\n'
+    assert await upstream(story) is None
+    assert await downstream_copy(story) is None
+    gone = await run_line(story, "downstream-gone")
+    assert gone.returncode == 0, gone.stderr
+    assert table(gone.stdout) == []  # custom-columns prints its header, and no row
+
+
+async def test_a_database_outside_the_slice_is_not_synced(story: Printed) -> None:
+    """The filtering is the product: the same database labelled ``region=us`` stays in kcp
+    only — no finalizer, no copy, no status."""
+    ws = story.story.world.consumers[1]
+    doc = yaml_doc(story.sample, name="other-region", labels={"region": "us"})
+    await story.kcp.kubectl("apply", "-f", "-", server=ws.url, input=json.dumps(doc))
+    try:
+        # a database in the slice, created after it, is synced: the syncer is looking
+        inside = yaml_doc(story.sample, name="same-region", labels=SLICE_LABELS)
+        await story.kcp.kubectl("apply", "-f", "-", server=ws.url, input=json.dumps(inside))
+
+        async def synced() -> bool:
+            obj = await kcp_get(story, ws.url, PLURAL, "same-region", "-n", "default")
+            return ((obj or {}).get("status") or {}).get("phase") == "Running"
+
+        await eventually("the region=eu database Running", synced)
+        other = await kcp_get(story, ws.url, PLURAL, "other-region", "-n", "default")
+        assert other is not None
+        assert not other["metadata"].get("finalizers")
+        assert not other.get("status")
+        copies = await kcp_get(story, story.story.world.downstream.url, PLURAL, "-A")
+        names = [i["metadata"]["name"] for i in (copies or {}).get("items", [])]
+        assert "same-region" in names and "other-region" not in names
+    finally:
+        await story.kcp.kubectl(
+            "delete", PLURAL, "same-region", "other-region", "-n", "default",
+            "--ignore-not-found", "--timeout=60s", server=ws.url,
+        )  # fmt: skip
+
+
+def yaml_doc(sample: Sample, *, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{EXPORT}/v1",
+        "kind": "MongoDBCommunity",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": sample.spec,
+    }
