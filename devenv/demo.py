@@ -34,10 +34,10 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 import trustme
@@ -466,17 +466,34 @@ async def run(*, run_dir: Path, port: int) -> None:
         print("stopping kcp")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devenv.demo", description=__doc__)
-    parser.add_argument("--run-dir", type=Path, default=REPO / ".run")
-    parser.add_argument("--port", type=int, default=8443, help="vwserver port (if free)")
+def story_main(
+    story: Callable[..., Coroutine[Any, Any, None]],
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str | None,
+    run_dir: Path,
+    port: int,
+) -> int:
+    """The command line of a development story (``make run``, ``make run-sync``): its run
+    directory and vwserver's port; a kcp failure is one line and exit code 1."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--run-dir", type=Path, default=run_dir)
+    parser.add_argument("--port", type=int, default=port, help="vwserver port (if free)")
     args = parser.parse_args(argv)
     try:
-        asyncio.run(run(run_dir=args.run_dir, port=args.port))
+        asyncio.run(story(run_dir=args.run_dir, port=args.port))
     except KcpError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return story_main(
+        run, argv, prog="python -m devenv.demo", description=__doc__, run_dir=REPO / ".run",
+        port=8443,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ the operator, vwserver and kcp, in that order, and removes kcp's temporary direc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -54,7 +53,14 @@ from devenv.bootstrap import (
     poll,
     wait_workspace_ready,
 )
-from devenv.demo import DemoLine, served_endpoint, shown_path, start_vwserver, stop_process
+from devenv.demo import (
+    DemoLine,
+    served_endpoint,
+    shown_path,
+    start_vwserver,
+    stop_process,
+    story_main,
+)
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
 from devenv.mongo_operator import API, PLURAL, MongoOperator
 from devenv.slices import bind_api, install_api, slice_manifest
@@ -576,16 +582,10 @@ async def _story(*, run_dir: Path, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devenv.seed_story", description=__doc__)
-    parser.add_argument("--run-dir", type=Path, default=REPO / ".run" / "sync")
-    parser.add_argument("--port", type=int, default=8444, help="vwserver port (if free)")
-    args = parser.parse_args(argv)
-    try:
-        asyncio.run(run(run_dir=args.run_dir, port=args.port))
-    except KcpError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return story_main(
+        run, argv, prog="python -m devenv.seed_story", description=__doc__,
+        run_dir=REPO / ".run" / "sync", port=8444,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +46,8 @@ from devenv.demo import (
 from devenv.kcp import KcpInstance
 from devenv.slices import KIND
 from tests.e2e.controller_env import API_WS
+from tests.support import printed as printed_lines
+from tests.support.printed import Ran
 
 TIMEOUT = 30.0  # seconds for any one command or awaited output
 
@@ -62,13 +63,6 @@ class Demo:
     env: dict[str, str]
     taken_port: int
     log: Path
-
-
-@dataclass(frozen=True)
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -128,33 +122,9 @@ async def demo(
 # Helpers
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """Kill the command's whole process group (bash and what it started) and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), 10)
-
-
-async def _spawn(demo: Demo, key: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "bash", "-c", demo.lines[key].command,
-        cwd=demo.cwd, env=demo.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )  # fmt: skip
-
-
 async def run_line(demo: Demo, key: str) -> Ran:
     """Run the printed line ``key`` as printed, from the directory it was printed for."""
-    proc = await _spawn(demo, key)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    finally:
-        await _kill(proc)
-    assert proc.returncode is not None
-    return Ran(proc.returncode, out.decode(), err.decode())
+    return await printed_lines.run_line(demo, key, timeout=TIMEOUT)
 
 
 def table(stdout: str) -> list[dict[str, str]]:
@@ -319,7 +289,7 @@ async def test_watch_line_shows_a_widget_leave_and_enter_the_slice(demo: Demo) -
     truth = ns_names(await prod_truth(demo))
     rows: list[list[str]] = []  # the watch's table rows, split (no empty cells in this table)
     changed = asyncio.Event()
-    proc = await _spawn(demo, "watch")
+    proc = await printed_lines.spawn(demo, "watch")
     assert proc.stdout is not None
 
     async def read() -> None:
@@ -358,7 +328,7 @@ async def test_watch_line_shows_a_widget_leave_and_enter_the_slice(demo: Demo) -
         await asyncio.sleep(0.5)  # nothing else may follow (e.g. the widget as env=dev)
         assert [r[:3] for r in rows[initial:]] == [["DELETED", *key], ["ADDED", *key]]
     finally:
-        await _kill(proc)
+        await printed_lines.kill(proc)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
@@ -370,7 +340,7 @@ async def test_watch_line_shows_a_widget_leave_and_enter_the_slice(demo: Demo) -
 
 
 async def _stderr_so_far(proc: asyncio.subprocess.Process) -> str:
-    await _kill(proc)
+    await printed_lines.kill(proc)
     assert proc.stderr is not None
     with contextlib.suppress(TimeoutError):
         return (await asyncio.wait_for(proc.stderr.read(), 5)).decode()

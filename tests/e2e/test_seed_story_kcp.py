@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,8 @@ from devenv.seed_story import (
 )
 from devenv.slices import KIND
 from tests.e2e.controller_env import API_WS
+from tests.support import printed as printed_lines
+from tests.support.printed import Ran
 from vwserver.syncer.naming import LABEL_SYNCER, downstream_namespace, finalizer
 
 TIMEOUT = 60.0  # seconds for any one command or awaited output (the syncer and kcp converge)
@@ -64,13 +65,6 @@ class Printed:
     env: dict[str, str]
     log: Path
     said: list[str]
-
-
-@dataclass(frozen=True)
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -150,33 +144,9 @@ async def _purge(kcp: KcpInstance, story: Story, sample: Sample) -> None:
 # Helpers
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """Kill the command's whole process group (bash and what it started) and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), 10)
-
-
-async def _spawn(printed: Printed, key: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "bash", "-c", printed.lines[key].command,
-        cwd=printed.cwd, env=printed.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )  # fmt: skip
-
-
 async def run_line(printed: Printed, key: str) -> Ran:
     """Run the printed line ``key`` as printed, from the directory it was printed for."""
-    proc = await _spawn(printed, key)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    finally:
-        await _kill(proc)
-    assert proc.returncode is not None
-    return Ran(proc.returncode, out.decode(), err.decode())
+    return await printed_lines.run_line(printed, key, timeout=TIMEOUT)
 
 
 def table(stdout: str) -> list[dict[str, str]]:
@@ -273,7 +243,7 @@ async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed)
     # the watch, in the background, until it shows the database Running and Synced
     rows: list[list[str]] = []
     changed = asyncio.Event()
-    watch = await _spawn(story, "watch")
+    watch = await printed_lines.spawn(story, "watch")
 
     async def read() -> None:
         assert watch.stdout is not None
@@ -296,7 +266,7 @@ async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed)
 
         await eventually(f"a Running row in the watch (rows so far: {rows})", running_row)
     finally:
-        await _kill(watch)
+        await printed_lines.kill(watch)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader

@@ -43,6 +43,7 @@ from tests.e2e.credentials import (
     service_account_token,
     write_exec_kubeconfig,
 )
+from tests.support.rest import RestCalls
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
@@ -76,7 +77,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class SyncWorld:
+class SyncWorld(RestCalls):
     kcp: KcpInstance
     provider: Workspace
     consumers: dict[str, Workspace]
@@ -100,23 +101,6 @@ class SyncWorld:
         return downstream_namespace(ws.cluster, namespace, prefix=PREFIX)
 
     # plain REST -------------------------------------------------------------------------------
-
-    async def call(
-        self, method: str, url: str, body: Any = None, *, ctype: str = "application/json"
-    ) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": ctype} if body is not None else {}
-        async with self.session.request(method, url, data=data, headers=headers) as resp:
-            text = await resp.text()
-            return resp.status, (json.loads(text) if text.startswith("{") else text)
-
-    async def get(self, url: str) -> dict[str, Any] | None:
-        status, body = await self.call("GET", url)
-        if status == 404:
-            return None
-        assert status == 200, f"GET {url}: {status} {body}"
-        result: dict[str, Any] = body
-        return result
 
     async def patch(self, url: str, patch: Any) -> dict[str, Any]:
         status, body = await self.call("PATCH", url, patch, ctype="application/merge-patch+json")

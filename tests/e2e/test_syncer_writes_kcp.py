@@ -35,6 +35,7 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll, wait_workspace_ready
 from devenv.kcp import KcpInstance
+from tests.support.rest import MERGE_PATCH, RestCalls
 from vwserver.syncer.config import parse_syncer_config
 from vwserver.syncer.naming import (
     FINALIZER_PREFIX,
@@ -106,7 +107,7 @@ DOWNSTREAM_CRD = {
 
 
 @dataclass
-class WidgetWorld:
+class WidgetWorld(RestCalls):
     kcp: KcpInstance
     world: Bootstrap
     downstream: Workspace
@@ -126,21 +127,6 @@ class WidgetWorld:
     @property
     def keys(self) -> set[ObjectKey]:
         return {ObjectKey(w.cluster, w.namespace, w.name) for w in self.world.widgets}
-
-    async def call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        headers = {"Content-Type": "application/merge-patch+json"} if body is not None else {}
-        data = None if body is None else json.dumps(body)
-        async with self.session.request(method, url, data=data, headers=headers) as resp:
-            text = await resp.text()
-            return resp.status, (json.loads(text) if text.startswith("{") else text)
-
-    async def get(self, url: str) -> dict[str, Any] | None:
-        status, body = await self.call("GET", url)
-        if status == 404:
-            return None
-        assert status == 200, f"GET {url}: {status} {body}"
-        result: dict[str, Any] = body
-        return result
 
     async def upstream_versions(self) -> dict[ObjectKey, str]:
         """The resourceVersion of every demo Widget, read from kcp."""
@@ -190,12 +176,15 @@ class WidgetWorld:
                 patch = {
                     "metadata": {"finalizers": kept, "resourceVersion": meta["resourceVersion"]}
                 }
-                status, body = await self.call("PATCH", self.up_url(key), patch)
+                status, body = await self.call("PATCH", self.up_url(key), patch, ctype=MERGE_PATCH)
                 if status == 200:
                     break
                 assert status == 409, f"PATCH {key}: {status} {body}"
             status, body = await self.call(
-                "PATCH", self.up_url(key, "status"), {"status": before.get("status")}
+                "PATCH",
+                self.up_url(key, "status"),
+                {"status": before.get("status")},
+                ctype=MERGE_PATCH,
             )
             assert status in (200, 404), f"PATCH {key}/status: {status} {body}"
 
@@ -249,6 +238,7 @@ async def _operator(env: WidgetWorld) -> None:
                         "PATCH",
                         env.down_url(meta["namespace"], meta["name"], "status"),
                         {"status": want},
+                        ctype=MERGE_PATCH,
                     )
         await asyncio.sleep(0.3)
 
@@ -502,6 +492,7 @@ async def test_second_syncer_on_the_same_objects_stands_back(
                             "resourceVersion": up["metadata"]["resourceVersion"],
                         }
                     },
+                    ctype=MERGE_PATCH,
                 )
                 assert status == 200, body
 

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Final
 
 import msgspec
@@ -34,7 +35,7 @@ from vwserver.k8s.kcp import ORIGINAL_API_VERSION_ANNOTATION
 from vwserver.k8s.status import status_body
 from vwserver.proxy.cache_plan import Consistency, Continue, ListPlan, WatchPlan, encode_continue
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import LIST_FOOTER
+from vwserver.proxy.filtering import LIST_FOOTER, list_opening
 from vwserver.proxy.negotiation import Shape
 from vwserver.proxy.responses import headers_only, prepare_list
 from vwserver.selector import Selector
@@ -172,7 +173,7 @@ async def _ready(
 async def _upstream_resource_version(ctx: ProxyRequest) -> int:
     """The upstream's current resourceVersion, read with a one-item LIST across every logical
     cluster (kcp's resourceVersions are the shard's etcd revisions: one counter for all)."""
-    url = f"{ctx.upstream_base}/clusters/*{_cluster_wide(ctx)}"
+    url = f"{ctx.upstream_base}/clusters/*{api_path(ctx)}"
     async with ctx.upstream.request(
         "GET", url, query=[("limit", "1")], headers=ctx.upstream_headers()
     ) as up:
@@ -186,15 +187,9 @@ async def _upstream_resource_version(ctx: ProxyRequest) -> int:
         raise Fallback(f"unusable freshness read: {e}") from e
 
 
-def _cluster_wide(ctx: ProxyRequest) -> str:
-    api = ctx.api
-    prefix = f"/apis/{api.group}/{api.version}" if api.group else f"/api/{api.version}"
-    return f"{prefix}/{api.resource}"
-
-
 def api_path(ctx: ProxyRequest) -> str:
     """The shared resource's collection below ``clusters/*`` (no namespace: one per resource)."""
-    return _cluster_wide(ctx)
+    return replace(ctx.api, namespace="").collection_path
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,17 +223,8 @@ async def serve_cached_list(
         kind, api_version = "PartialObjectMetadataList", _META_GROUP_VERSION
     else:
         kind, api_version = resource.list_kind, resource.api_version
-    metadata: dict[str, str] = {"resourceVersion": str(rv)}
-    if token:
-        metadata["continue"] = token
-    head = (
-        b'{"kind":'
-        + _encode(kind)
-        + b',"apiVersion":'
-        + _encode(api_version)
-        + b',"metadata":'
-        + _encode(metadata)
-        + b',"items":['
+    head = list_opening(
+        kind=kind, api_version=api_version, resource_version=str(rv), continue_token=token
     )
     response = web.StreamResponse(status=200)
     response.content_type = "application/json"
@@ -294,8 +280,8 @@ async def serve_cached_watch(
         await response.write_eof()
         return response
     if subscription is None:
-        status = msgspec.json.decode(status_body(code=410, reason="Expired", message=expired or ""))
-        await response.write(_encode({"type": "ERROR", "object": status}) + b"\n")
+        status = status_body(code=410, reason="Expired", message=expired or "").rstrip(b"\n")
+        await response.write(b'{"type":"ERROR","object":' + status + b"}\n")
         await response.write_eof()
         return response
     try:

@@ -161,19 +161,37 @@ def list_fields(page: Page, *, resource_version: str, continue_token: str) -> di
 def list_header(page: Page, *, resource_version: str, continue_token: str) -> bytes:
     """The opening of a streamed JSON list response, up to and including the ``[`` of its
     entries (the fields of :func:`list_fields`, in the apiserver's key order)."""
+    return list_opening(
+        kind=page.kind,
+        api_version=page.api_version,
+        resource_version=resource_version,
+        continue_token=continue_token,
+        column_definitions=(page.column_definitions or b"[]") if page.is_table else None,
+    )
+
+
+def list_opening(
+    *,
+    kind: str,
+    api_version: str,
+    resource_version: str,
+    continue_token: str,
+    column_definitions: bytes | None = None,
+) -> bytes:
+    """:func:`list_header` from its parts; with ``column_definitions`` a Table (its rows)."""
     metadata: dict[str, str] = {"resourceVersion": resource_version}
     if continue_token:
         metadata["continue"] = continue_token
     head = (
         b'{"kind":'
-        + _encoder.encode(page.kind)
+        + _encoder.encode(kind)
         + b',"apiVersion":'
-        + _encoder.encode(page.api_version)
+        + _encoder.encode(api_version)
         + b',"metadata":'
         + _encoder.encode(metadata)
     )
-    if page.is_table:
-        return head + b',"columnDefinitions":' + (page.column_definitions or b"[]") + b',"rows":['
+    if column_definitions is not None:
+        return head + b',"columnDefinitions":' + column_definitions + b',"rows":['
     return head + b',"items":['
 
 
