@@ -318,6 +318,19 @@ class KcpProcess:
                     )
                 await asyncio.sleep(0.5)
 
+    async def kill(self) -> None:
+        """SIGKILL the process group at once (a crash, for chaos tests) and reap it; the root
+        directory stays, and :meth:`start` may run kcp on it again (same ports)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        _REAPER.discard(process.pid)
+        if process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), 10)
+
     async def stop(self, *, grace: float = 20.0) -> None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds, remove owned files."""
         process = self._process

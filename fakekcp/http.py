@@ -227,15 +227,21 @@ class Handlers:
         stored = self.store.get(target.spec, key)
         if stored is None:
             raise not_found_error(target.spec.group, target.spec.plural, target.name)
-        return self._object_response(request, output, stored.obj, stored.raw, 200)
+        return self._object_response(request, target.spec, output, stored.obj, stored.raw, 200)
 
     def _object_response(
-        self, request: web.Request, output: Output, obj: JSON, raw: bytes | None, code: int
+        self,
+        request: web.Request,
+        spec: ResourceSpec,
+        output: Output,
+        obj: JSON,
+        raw: bytes | None,
+        code: int,
     ) -> web.Response:
         refusal = render.not_acceptable_for(output, is_list=False)
         if refusal is not None:
             raise refusal
-        body = render.render_object(obj, raw, output, render.include_object(request.query))
+        body = render.render_object(spec, obj, raw, output, render.include_object(request.query))
         return web.Response(status=code, body=body, content_type="application/json")
 
     async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
@@ -288,7 +294,7 @@ class Handlers:
             rv=page.rv, continue_token=token, remaining=page.remaining, sort=not output.kind
         )
         head, tail = render.list_frame(spec, output, meta)
-        items = (render.list_item(stored, output, include) for stored in page.items)
+        items = (render.list_item(spec, stored, output, include) for stored in page.items)
         return await self._send_list(request, head, items, tail, len(page.items))
 
     async def _send_list(
@@ -476,7 +482,9 @@ class Handlers:
         obj, stored = self.store.create(
             target.spec, target.cluster, target.namespace or "", body, dry_run=dry_run
         )
-        return self._object_response(request, output, obj, stored.raw if stored else None, 201)
+        return self._object_response(
+            request, target.spec, output, obj, stored.raw if stored else None, 201
+        )
 
     async def _update(self, request: web.Request, target: Target) -> web.StreamResponse:
         output = render.negotiate(request.headers.get("Accept", ""))
@@ -492,7 +500,9 @@ class Handlers:
             status=target.subresource == "status",
             dry_run=dry_run,
         )
-        return self._object_response(request, output, obj, stored.raw if stored else None, 200)
+        return self._object_response(
+            request, target.spec, output, obj, stored.raw if stored else None, 200
+        )
 
     async def _patch(self, request: web.Request, target: Target) -> web.StreamResponse:
         content_type = request.content_type
@@ -537,7 +547,7 @@ class Handlers:
             if existing is None and not status:
                 obj, stored = self.store.create(spec, key[0], key[1], patch, dry_run=dry_run)
                 return self._object_response(
-                    request, output, obj, stored.raw if stored else None, 201
+                    request, target.spec, output, obj, stored.raw if stored else None, 201
                 )
         if existing is None:
             raise not_found_error(spec.group, spec.plural, key[2])
@@ -562,7 +572,9 @@ class Handlers:
         obj, stored = self.store.update(
             spec, key, patched, status=status, dry_run=dry_run, require_rv=False
         )
-        return self._object_response(request, output, obj, stored.raw if stored else None, 200)
+        return self._object_response(
+            request, target.spec, output, obj, stored.raw if stored else None, 200
+        )
 
     async def _delete_options(self, request: web.Request) -> tuple[bool, str | None, str | None]:
         dry_run = dry_run_requested(request.query, "DeleteOptions")
@@ -594,7 +606,7 @@ class Handlers:
             return web.Response(
                 body=render.success_status(target.spec, obj), content_type="application/json"
             )
-        return self._object_response(request, output, obj, None, 200)
+        return self._object_response(request, target.spec, output, obj, None, 200)
 
     async def _delete_collection(self, request: web.Request, target: Target) -> web.StreamResponse:
         dry_run, uid, rv = await self._delete_options(request)

@@ -19,10 +19,12 @@ from fakekcp.status import FakeApiError, bad_request, status_error
 from fakekcp.store import (
     INITIAL_EVENTS_END_ANNOTATION,
     JSON,
+    PrinterColumn,
     ResourceSpec,
     StoredObject,
     partial_metadata,
 )
+from vwserver.cache.tables import date_cell
 
 _encode = msgspec.json.Encoder().encode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
@@ -130,106 +132,107 @@ def list_frame(spec: ResourceSpec, output: Output, meta: JSON) -> tuple[bytes, b
         return _encode(frame)[:-1] + b',"items":[', b"]}"
     if output.kind == "Table":
         frame = {"kind": "Table", "apiVersion": output.api_version, "metadata": meta}
-        return _encode(frame)[:-1] + b',"columnDefinitions":' + _COLUMNS + b',"rows":[', b"]}"
+        head = _encode(frame)[:-1] + b',"columnDefinitions":' + columns(spec) + b',"rows":['
+        return head, b"]}"
     head = b'{"apiVersion":' + _encode(spec.api_version) + b',"items":['
     tail = b'],"kind":' + _encode(spec.list_kind) + b',"metadata":' + _encode(meta) + b"}"
     return head, tail
 
 
-def list_item(stored: StoredObject, output: Output, include: str) -> bytes:
+def list_item(spec: ResourceSpec, stored: StoredObject, output: Output, include: str) -> bytes:
     if output.kind == "PartialObjectMetadataList":
         return stored.partial(output.api_version)
     if output.kind == "Table":
-        return table_row(stored.obj, stored.raw, output, include)
+        return table_row(spec, stored.obj, stored.raw, output, include)
     return stored.raw
 
 
-# The CRD table convertor's defaults: Name plus the defaulted Age column (apiextensions-apiserver
-# registry/customresource/tableconvertor and apiserver/helpers.go serveDefaultColumnsIfEmpty).
-_NAME_DESCRIPTION: Final = (
-    "Name must be unique within a namespace. Is required when creating resources, although some "
-    "resources may allow a client to request the generation of an appropriate name "
-    "automatically. Name is primarily intended for creation idempotence and configuration "
-    "definition. Cannot be updated. More info: "
-    "https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
-)
-_AGE_DESCRIPTION: Final = (
-    "CreationTimestamp is a timestamp representing the server time when this object was "
-    "created. It is not guaranteed to be set in happens-before order across separate operations. "
-    "Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\n"
-    "Populated by the system. Read-only. Null for lists. More info: "
-    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
-)
-_COLUMNS: Final = _encode(
-    [
-        {
-            "name": "Name",
-            "type": "string",
-            "format": "name",
-            "description": _NAME_DESCRIPTION,
-            "priority": 0,
-        },
-        {
-            "name": "Age",
-            "type": "date",
-            "format": "",
-            "description": _AGE_DESCRIPTION,
-            "priority": 0,
-        },
-    ]
-)
+# kcp's table convertor (apiextensions-apiserver registry/customresource/tableconvertor.New):
+# Name, then one column per printer column of the schema — no defaulted Age column — each
+# described as "Custom resource definition column (in JSONPath format): <path>" unless it has
+# a description of its own.
+_NAME_COLUMN: Final = {
+    "name": "Name",
+    "type": "string",
+    "format": "name",
+    "description": (
+        "Name must be unique within a namespace. Is required when creating resources, although "
+        "some resources may allow a client to request the generation of an appropriate name "
+        "automatically. Name is primarily intended for creation idempotence and configuration "
+        "definition. Cannot be updated. More info: "
+        "https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
+    ),
+    "priority": 0,
+}
 
 
-def human_age(timestamp: object) -> str | None:
-    """metatable.ConvertToHumanReadableDateType + duration.HumanDuration."""
-    if not isinstance(timestamp, str):
+def columns(spec: ResourceSpec) -> bytes:
+    """A Table's ``columnDefinitions`` for ``spec``."""
+    defs: list[JSON] = [_NAME_COLUMN]
+    for column in spec.printer_columns:
+        description = column.description or (
+            f"Custom resource definition column (in JSONPath format): {column.json_path}"
+        )
+        defs.append(
+            {
+                "name": column.name,
+                "type": column.type,
+                "format": column.format,
+                "description": description,
+                "priority": column.priority,
+            }
+        )
+    return _encode(defs)
+
+
+def _cell(column: PrinterColumn, obj: JSON) -> object:
+    """tableconvertor's cell: the value at the column's path (missing keys allowed), as the
+    column's type prints it (cellForJSONValue; a string column prints any value)."""
+    value: object = obj
+    for name in column.json_path.lstrip(".").split("."):
+        value = value.get(name) if isinstance(value, dict) else None
+    if value is None:
         return None
-    try:
-        then = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return "<invalid>"
-    seconds = int((datetime.now(UTC) - then).total_seconds())
-    if seconds < -1:
-        return "<invalid>"
-    if seconds < 0:
-        return "0s"
-    if seconds < 120:
-        return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 10:
-        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = minutes // 60
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
-    return f"{hours // 24 // 365}y"
+    if column.type == "string":
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return value if isinstance(value, str) else _encode(value).decode()
+    if column.type == "integer" and isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value)
+    if column.type == "number" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if column.type == "boolean" and isinstance(value, bool):
+        return value
+    if column.type == "date":
+        # Printed at the time of the answer (the apiserver's rules: vwserver.cache.tables,
+        # pinned to k8s.io/apimachinery's examples by its unit tests).
+        return date_cell(value if isinstance(value, str) else None, datetime.now(UTC))
+    return None
 
 
-def table_row(obj: JSON, raw: bytes | None, output: Output, include: str) -> bytes:
+def table_row(
+    spec: ResourceSpec, obj: JSON, raw: bytes | None, output: Output, include: str
+) -> bytes:
     """A TableRow: cells, then the object as requested by ``includeObject``."""
     meta = obj.get("metadata") or {}
-    cells = _encode([meta.get("name", ""), human_age(meta.get("creationTimestamp"))])
+    cells = _encode([meta.get("name", ""), *(_cell(c, obj) for c in spec.printer_columns)])
     if include == "Object":
         embedded = raw if raw is not None else _encode_sorted(obj)
     elif include == "None":
         embedded = b"null"
     else:
-        embedded = partial_metadata(obj, output.api_version)
+        embedded = partial_metadata(obj, output.api_version, original_api_version=False)
     return b'{"cells":' + cells + b',"object":' + embedded + b"}"
 
 
 def single_table(
-    obj: JSON, raw: bytes | None, output: Output, include: str, *, headers: bool
+    spec: ResourceSpec,
+    obj: JSON,
+    raw: bytes | None,
+    output: Output,
+    include: str,
+    *,
+    headers: bool,
 ) -> bytes:
     """A one-row Table for GET/writes/watch events (headers only on a watch's first event)."""
     rv = (obj.get("metadata") or {}).get("resourceVersion")
@@ -238,17 +241,56 @@ def single_table(
         "apiVersion": output.api_version,
         "metadata": {"resourceVersion": rv} if rv else {},
     }
-    columns = _COLUMNS if headers else b"null"
-    row = table_row(obj, raw, output, include)
-    return _encode(head)[:-1] + b',"columnDefinitions":' + columns + b',"rows":[' + row + b"]}"
+    defs = columns(spec) if headers else b"null"
+    row = table_row(spec, obj, raw, output, include)
+    return _encode(head)[:-1] + b',"columnDefinitions":' + defs + b',"rows":[' + row + b"]}"
 
 
-def render_object(obj: JSON, raw: bytes | None, output: Output, include: str) -> bytes:
+def table_bookmark(
+    spec: ResourceSpec,
+    rv: int,
+    output: Output,
+    include: str,
+    *,
+    initial_events_end: bool,
+    headers: bool,
+) -> bytes:
+    """A BOOKMARK of a Table watch: a Table whose one row is printed from the bookmark object
+    (asTable: a PartialObjectMetadata unless includeObject=Object — with None too when it ends
+    the initial events)."""
+    meta: JSON = {"resourceVersion": str(rv)}
+    if initial_events_end:
+        meta["annotations"] = {INITIAL_EVENTS_END_ANNOTATION: "true"}
+    if include == "Object":
+        embedded = _encode_sorted(
+            {"apiVersion": spec.api_version, "kind": spec.kind, "metadata": meta}
+        )
+    elif include == "None" and not initial_events_end:
+        embedded = b"null"
+    else:
+        embedded = _encode(
+            {"kind": "PartialObjectMetadata", "apiVersion": output.api_version, "metadata": meta}
+        )
+    cells = _encode(["", *(None for _ in spec.printer_columns)])
+    head: JSON = {
+        "kind": "Table",
+        "apiVersion": output.api_version,
+        "metadata": {"resourceVersion": str(rv)},
+    }
+    defs = columns(spec) if headers else b"null"
+    row = b'{"cells":' + cells + b',"object":' + embedded + b"}"
+    table = _encode(head)[:-1] + b',"columnDefinitions":' + defs + b',"rows":[' + row + b"]}"
+    return event_line("BOOKMARK", table)
+
+
+def render_object(
+    spec: ResourceSpec, obj: JSON, raw: bytes | None, output: Output, include: str
+) -> bytes:
     """One object in the negotiated shape (callers reject list-only shapes first)."""
     if output.kind == "PartialObjectMetadata":
         return partial_metadata(obj, output.api_version)
     if output.kind == "Table":
-        return single_table(obj, raw, output, include, headers=True)
+        return single_table(spec, obj, raw, output, include, headers=True)
     return raw if raw is not None else _encode_sorted(obj)
 
 

@@ -83,6 +83,18 @@ def now_rfc3339() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PrinterColumn:
+    """One of an APIResourceSchema's ``additionalPrinterColumns`` (a simple ``.a.b`` path)."""
+
+    name: str
+    type: str
+    json_path: str
+    description: str = ""
+    format: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceSpec:
     """One resource the fake serves, as an APIResourceSchema would describe it."""
 
@@ -94,6 +106,8 @@ class ResourceSpec:
     status_subresource: bool = True
     # kcp serves apibindings in an APIExport VW with get/list/watch only.
     read_only: bool = False
+    printer_columns: tuple[PrinterColumn, ...] = ()
+    """A Table's columns after Name (kcp adds no Age column to a schema without any)."""
 
     @property
     def api_version(self) -> str:
@@ -169,13 +183,15 @@ _OBJECT_META_ORDER: Final = (
 )
 
 
-def partial_metadata(obj: JSON, api_version: str) -> bytes:
+def partial_metadata(obj: JSON, api_version: str, *, original_api_version: bool = True) -> bytes:
     meta = dict(obj.get("metadata") or {})
-    # kcp adds the object's own apiVersion as an annotation of its PartialObjectMetadata.
-    meta["annotations"] = {
-        **(meta.get("annotations") or {}),
-        "kcp.io/original-api-version": obj.get("apiVersion", ""),
-    }
+    if original_api_version:
+        # kcp adds the object's own apiVersion as an annotation of its PartialObjectMetadata
+        # (not of a Table row's, which the apiserver's asTable builds).
+        meta["annotations"] = {
+            **(meta.get("annotations") or {}),
+            "kcp.io/original-api-version": obj.get("apiVersion", ""),
+        }
     ordered: JSON = {}
     for field in _OBJECT_META_ORDER:
         value = meta.get(field)

@@ -72,13 +72,28 @@ class WatchStream:
         if output.kind == "Table":
             # On a watch only the first event's Table carries the column definitions.
             table = render.single_table(
-                obj, raw, output, self.include, headers=not self.headers_sent
+                self.spec, obj, raw, output, self.include, headers=not self.headers_sent
             )
             self.headers_sent = True
             return render.event_line(type_, table)
         # PartialObjectMetadataList cannot be applied to one object: the apiserver logs the
         # failure and sends the object unchanged (watchEmbeddedEncoder.doEncode).
         return render.event_line(type_, raw if raw is not None else render.as_json(obj))
+
+    def _bookmark(self, rv: int, *, initial_events_end: bool) -> bytes:
+        if self.output.kind != "Table":
+            return render.bookmark_line(self.spec, rv, initial_events_end=initial_events_end)
+        # In a Table watch a bookmark is a Table too (and may be the first event: with columns).
+        line = render.table_bookmark(
+            self.spec,
+            rv,
+            self.output,
+            self.include,
+            initial_events_end=initial_events_end,
+            headers=not self.headers_sent,
+        )
+        self.headers_sent = True
+        return line
 
     def convert(self, event: Event) -> bytes | None:
         """cacheWatcher.convertToWatchEvent: selector transitions become ADDED / DELETED."""
@@ -138,9 +153,7 @@ class WatchStream:
         if self.done:
             return
         if opts.initial_events and opts.bookmarks:
-            await self.write(
-                [render.bookmark_line(self.spec, start_rv, initial_events_end=True)], counted=False
-            )
+            await self.write([self._bookmark(start_rv, initial_events_end=True)], counted=False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + opts.timeout if opts.timeout else None
         interval = self.handlers.fake.bookmark_interval
@@ -155,11 +168,7 @@ class WatchStream:
             if next_bookmark is not None and now >= next_bookmark:
                 # Everything up to store.rv has been delivered or filtered out.
                 await self.write(
-                    [
-                        render.bookmark_line(
-                            self.spec, max(store.rv, self.after_rv), initial_events_end=False
-                        )
-                    ],
+                    [self._bookmark(max(store.rv, self.after_rv), initial_events_end=False)],
                     counted=False,
                 )
                 next_bookmark = now + interval

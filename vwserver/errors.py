@@ -19,11 +19,15 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   ├── MethodNotAllowed   405  e.g. writes on the ``clusters/*`` wildcard
     │   ├── NotAcceptable      406  an Accept header naming no representation the proxy serves
     │   ├── Conflict           409  the object changed between check and write, or the
-    │   │                           client's own precondition does not hold
+    │   │   │                       client's own precondition does not hold
+    │   │   └── LeavingSlice        a write other than releasing the slice's own finalizers
+    │   │                           on an object that is leaving the slice (vwserver.holds)
     │   ├── Expired            410  a resourceVersion or continue token older than the watch
     │   │                           cache's window (the apiserver's "too old resource version")
     │   ├── RequestEntityTooLarge 413  a request body over the limit
     │   ├── Invalid            422  a write would put the object outside the slice
+    │   │   └── HeldFinalizer       a write would remove a finalizer another slice holds, or
+    │   │                           write an annotation only vwserver writes (vwserver.holds)
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
     │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
     │   └── BadGateway         502  upstream answered with something we cannot use
@@ -144,9 +148,18 @@ class Conflict(RequestError):
     reason = "Conflict"
 
 
+class LeavingSlice(Conflict):
+    """A write, through a slice, to an object that is leaving it: only the slice's own
+    finalizers may still be removed."""
+
+
 class Invalid(RequestError):
     code = 422
     reason = "Invalid"
+
+
+class HeldFinalizer(Invalid):
+    """A write through one slice would remove a finalizer another slice added (and holds)."""
 
 
 class BadGateway(RequestError):

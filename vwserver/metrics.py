@@ -133,6 +133,14 @@ class ServerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0),
             registry=r,
         )
+        self.holds_ended = Counter(
+            "vwserver_handoff_holds_ended",
+            "Holds of a slice on an object that vwserver ended by removing the slice's "
+            "finalizers, by reason: released (the operator's release annotation), timeout (the "
+            "slice's holdTimeoutSeconds passed while the object was leaving it).",
+            ["reason"],
+            registry=r,
+        )
         self._cache_stats: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         r.register(_CacheCollector(self))
 

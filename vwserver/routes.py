@@ -38,6 +38,9 @@ class Route:
     """LIST and WATCH may be served from the shared watch cache (if the server runs one)."""
     shards: Mapping[str, str] = field(default_factory=dict)
     """Upstream URL per shard id, when the export has several shard endpoints."""
+    hold_timeout: float | None = None
+    """Seconds the slice may hold an object that is leaving it before vwserver removes the
+    slice's finalizers (None: until the slice releases them or the operator ends the hold)."""
     retired: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)
     """Set when this route is removed or replaced; open watches on it end."""
 
@@ -81,6 +84,12 @@ class Routes:
     @property
     def table(self) -> RouteTable:
         return self._table
+
+    def selector_of(self, sid: str) -> Selector | None:
+        """The selector of the slice ``<cluster>/<name>`` in the current table, if served."""
+        cluster, _, name = sid.partition("/")
+        route = self._table.lookup(cluster, name)
+        return route.selector if route is not None else None
 
     def replace(self, table: RouteTable) -> None:
         """Make ``table`` current; retire every route that is gone or changed.

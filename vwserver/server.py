@@ -31,9 +31,10 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -45,6 +46,7 @@ from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.config.base import client_auth
+from vwserver.controller.handoff import Handoff, StuckHolds
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.errors import ConfigError
 from vwserver.health import add_health_routes
@@ -95,6 +97,8 @@ def build_app(
     metrics: ServerMetrics | None = None,
     metrics_path: str | None = "/metrics",
     cache: CacheRegistry | None = None,
+    handoff: Handoff | None = None,
+    handoff_interval: float = 2.0,
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
     list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
@@ -102,7 +106,9 @@ def build_app(
     ``metrics_path`` (None: not served) are always open. ``metrics`` is where the proxy counts
     (default: a new registry); the app keeps it and its :class:`Lifecycle` under
     :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`. ``cache``: the shared watch cache that serves
-    LIST and WATCH (None: every read goes to kcp).
+    LIST and WATCH (None: every read goes to kcp); with it runs the handoff loop ``handoff``
+    (default: one that scans the cache every ``handoff_interval`` seconds,
+    :mod:`vwserver.controller.handoff`).
     """
     metrics = metrics if metrics is not None else ServerMetrics()
     lifecycle = Lifecycle()
@@ -111,6 +117,14 @@ def build_app(
     app[_UPSTREAM_KEY] = upstream
     app[METRICS_KEY] = metrics
     app[LIFECYCLE_KEY] = lifecycle
+    if cache is not None and handoff is None:
+        handoff = Handoff(
+            registry=cache,
+            routes=routes,
+            clock=cache.clock,
+            interval=handoff_interval,
+            metrics=metrics,
+        )
     handler = ProxyHandler(
         routes=routes,
         upstream=upstream,
@@ -119,6 +133,7 @@ def build_app(
         closing=lifecycle.closing,
         guard=guard,
         cache=cache,
+        unrecorded_move=handoff.wake if handoff is not None else None,
     )
 
     def problems() -> list[str]:
@@ -135,7 +150,22 @@ def build_app(
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.on_response_prepare.append(record_headers_sent)
     app.cleanup_ctx.append(_upstream_lifecycle)
+    if handoff is not None:
+        app.cleanup_ctx.append(_running(handoff.run, name="handoff"))
     return app
+
+
+def _running(
+    run: Callable[[], Coroutine[Any, Any, None]], *, name: str
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context that runs ``run`` while the app runs."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(run(), name=name)
+        yield
+        await _cancel(task)
+
+    return context
 
 
 def _debug_cache(cache: CacheRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -194,6 +224,7 @@ def static_routes(config: Config, *, auth: ClientAuth) -> RouteTable:
                 selector=slice_selector(s, field=f"$.slices[{i}]"),
                 upstream_url=url,
                 cache=s.cache,
+                hold_timeout=s.hold_timeout_seconds,
             )
         )
     return RouteTable(routes)
@@ -264,17 +295,8 @@ async def serve(
     routes = Routes(static)
     metrics = ServerMetrics()
     async with contextlib.AsyncExitStack() as stack:
-        controller = None
-        if config.controller is not None:
-            client = await stack.enter_async_context(KubeClient(auth=auth))
-            controller = build_controller(
-                config, client=client, routes=routes, static=static, metrics=metrics
-            )
-            task = asyncio.create_task(controller.run(), name="slice-controller")
-            stack.push_async_callback(_cancel, task)
-            stack.push_async_callback(controller.aclose)
-        reviews = await stack.enter_async_context(KubeClient(auth=auth, timeout=REVIEW_TIMEOUT))
         cache = None
+        handoff = None
         if config.cache.enabled:
             cache_client = await stack.enter_async_context(KubeClient(auth=auth))
             cache = CacheRegistry(
@@ -285,6 +307,22 @@ async def serve(
                 metrics=metrics,
             )
             stack.push_async_callback(cache.aclose)
+            handoff = Handoff(registry=cache, routes=routes, clock=cache.clock, metrics=metrics)
+        controller = None
+        if config.controller is not None:
+            client = await stack.enter_async_context(KubeClient(auth=auth))
+            controller = build_controller(
+                config,
+                client=client,
+                routes=routes,
+                static=static,
+                metrics=metrics,
+                stuck_holds=handoff.stuck if handoff is not None else None,
+            )
+            task = asyncio.create_task(controller.run(), name="slice-controller")
+            stack.push_async_callback(_cancel, task)
+            stack.push_async_callback(controller.aclose)
+        reviews = await stack.enter_async_context(KubeClient(auth=auth, timeout=REVIEW_TIMEOUT))
         app = build_app(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
@@ -294,6 +332,7 @@ async def serve(
             metrics=metrics,
             metrics_path=config.metrics.path if config.metrics.enabled else None,
             cache=cache,
+            handoff=handoff,
         )
         await _run_site(
             app,
@@ -312,6 +351,7 @@ def build_controller(
     routes: Routes,
     static: RouteTable,
     metrics: ServerMetrics | None = None,
+    stuck_holds: Callable[[str], StuckHolds | None] | None = None,
 ) -> SliceController:
     c = config.controller
     assert c is not None
@@ -340,6 +380,7 @@ def build_controller(
         static=static,
         leader=leader,
         metrics=metrics,
+        stuck_holds=stuck_holds,
     )
 
 

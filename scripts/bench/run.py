@@ -1,509 +1,296 @@
 """Benchmarks: vwserver against a direct call to the same upstream, in the same run.
 
-Timed numbers on a shared 2-core machine move around, so every result is a *ratio* against the
-direct call made in the same run, from the median of several repetitions, and nothing here is a
-test assertion. Upstream, proxy and client are separate processes (as in production), so each has
-its own core time and the proxy's peak RSS can be read from /proc.
+Timed numbers on a shared 2-core machine move around, so every timing is a *ratio* against the
+direct call made in the same run, and nothing here is a test assertion. The run writes a report
+(docs/bench/: README.md with the tables, PNG plots, results.json) and compares its ratios with
+the results committed last, printing every one that got worse by more than 20 %.
 
-    python scripts/bench/run.py                 # all: LIST 10k, watch 20k events, RSS 10k vs 100k
-    python scripts/bench/run.py --only list --objects 10000 --repeat 7
+    python scripts/bench/run.py                  # everything, full sizes (make bench)
+    python scripts/bench/run.py --quick          # small sizes; report in a temporary directory
+    python scripts/bench/run.py --only fanout    # one part, printed (no report unless --out)
 
-Targets: filtered LIST at most 1.1 times direct; filtered watch throughput at least
-50 % of direct; proxy peak RSS for a 100k-object LIST at most 1.3 times that for 10k.
+Parts: list (LIST vs object count, fake upstream), watch (watch-list throughput), fanout (one
+change to 1/100/1,000 watchers), rss (memory per open watch, TLS and plain), gets (GET latency
+against nginx proxy_pass), kcp (LIST vs object count against a real kcp it starts).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
+import datetime
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import aiohttp
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parents[2]
-# The fake upstream (fakekcp) and the dev environment (devenv) live beside the package in the
-# repository, not in it: this script and the processes it starts import them from there.
-sys.path.insert(0, str(REPO))
-SLICE_CLUSTER = "benchslice"
-EXPORT_CLUSTER = "exportid"
-EXPORT_NAME = "widgets.example.io"
-API = "/apis/example.io/v1alpha1/widgets"
-SELECTOR = "env=prod"  # half of the fake's objects
-TOKEN = "bench-token"  # the proxy authenticates and authorizes the caller (caches warm)
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
-WATCH_PARAMS = {
-    "watch": "1",
-    "sendInitialEvents": "true",
-    "resourceVersionMatch": "NotOlderThan",
-    "allowWatchBookmarks": "true",
-}
+import machine
+from fanout import bench_fanout
+from gets import bench_gets
+from harness import REPO
+from kcpbench import bench_kcp
+from lists import bench_lists, bench_watch
+from nginx import find_nginx, nginx_version
+from plots import write_plots
+from report import compared, markdown
+from results import Regression, Results, decode, encode, regressions
+from rss import bench_rss
+
+PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp")
+DOCS = REPO / "docs" / "bench"
+COMMITTED = "docs/bench/results.json"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+@dataclass(frozen=True, kw_only=True)
+class Sizes:
+    objects: tuple[int, ...]
+    kcp_objects: tuple[int, ...]
+    repeat: int
+    events: int  # watch throughput: initial events
+    watchers: tuple[int, ...]
+    fanout_events: int
+    fanout_spacing: float
+    rss_watches: tuple[int, ...]
+    rss_settle: float
+    get_concurrency: tuple[int, ...]
+    get_requests: int
+    get_rounds: int
 
 
-async def wait_http(url: str, *, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(url) as r:
-                    if r.status < 500:
-                        return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not come up in {within}s")
-            await asyncio.sleep(0.2)
+FULL = Sizes(
+    objects=(10_000, 50_000, 100_000),
+    kcp_objects=(10_000, 50_000, 100_000),
+    repeat=5,
+    events=20_000,
+    watchers=(1, 100, 1000),
+    fanout_events=30,
+    fanout_spacing=0.3,
+    rss_watches=(1, 100, 250, 500, 1000),
+    rss_settle=2.0,
+    get_concurrency=(1, 16, 64),
+    get_requests=2000,
+    get_rounds=3,
+)
+QUICK = Sizes(
+    objects=(2_000, 10_000),
+    kcp_objects=(1_000, 2_000),
+    repeat=3,
+    events=2_000,
+    watchers=(1, 10, 100),
+    fanout_events=8,
+    fanout_spacing=0.1,
+    rss_watches=(1, 25, 50, 100),
+    rss_settle=0.5,
+    get_concurrency=(1, 16, 64),
+    get_requests=300,
+    get_rounds=2,
+)
 
 
-@contextlib.asynccontextmanager
-async def process(args: list[str], *, ready_url: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    proc = await asyncio.create_subprocess_exec(*args, stdout=subprocess.DEVNULL, cwd=REPO)
-    try:
-        await wait_http(ready_url)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+def counts(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(","))
 
 
-@contextlib.asynccontextmanager
-async def fake_upstream(objects: int) -> AsyncIterator[str]:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "fakekcp.upstream"]
-    args += ["--port", str(port), "--objects", str(objects)]
-    args += ["--user", f"{TOKEN}@{SLICE_CLUSTER}/prod"]
-    vw = f"{base}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}"
-    async with process(args, ready_url=vw + "/clusters/*/api"):
-        yield base
-
-
-@contextlib.asynccontextmanager
-async def proxy(
-    upstream: str,
-    *,
-    page_size: int,
-    upstream_yaml: str | None = None,
-    slice_yaml: str | None = None,
-    slice_cluster: str = SLICE_CLUSTER,
-    cache: bool = False,
-    extra_yaml: str = "",
-) -> AsyncIterator[tuple[str, int]]:
-    port = free_port()
-    upstream_yaml = upstream_yaml or f'{{server: "{upstream}", token: bench}}'
-    slice_yaml = slice_yaml or f"export: {{cluster: {EXPORT_CLUSTER}, name: {EXPORT_NAME}}}"
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "config.yaml"
-        config.write_text(
-            f"""
-listen: {{host: 127.0.0.1, port: {port}}}
-insecureServing: true
-upstream: {upstream_yaml}
-listPageSize: {page_size}
-cache: {{enabled: {str(cache).lower()}}}
-{extra_yaml}
-logLevel: warning
-slices:
-  - cluster: {slice_cluster}
-    name: prod
-    {slice_yaml}
-    selector: {{matchLabels: {{env: prod}}}}
-"""
-        )
-        base = f"http://127.0.0.1:{port}"
-        args = [sys.executable, "-m", "vwserver.cli", "serve", "--config", str(config)]
-        async with process(args, ready_url=base + "/readyz") as proc:
-            yield base, proc.pid
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, int]:
-    times, count = [], 0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        count = await fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), count
-
-
-async def list_once(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
-    async with session.get(url, params=params) as r:
-        assert r.status == 200, r.status
-        body = await r.read()
-    return body.count(b'"kind":"Widget"')
-
-
-async def watch_once(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
-    events = 0
-    async with session.get(url, params=params) as r:
-        assert r.status == 200, r.status
-        buffer = b""
-        async for chunk in r.content.iter_any():
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.startswith(b'{"type":"BOOKMARK"') and b"initial-events-end" in line:
-                    return events
-                events += 1
-    return events
-
-
-def report(name: str, direct: float, proxied: float, count: int, target: str) -> None:
-    print(
-        f"{name:<34} direct {direct * 1000:8.1f} ms   proxy {proxied * 1000:8.1f} ms   "
-        f"ratio {proxied / direct:5.2f}   ({count} objects; target {target})"
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-
-
-async def bench_list(objects: int, repeat: int, page_size: int) -> None:
-    async with (
-        fake_upstream(objects) as up,
-        proxy(up, page_size=page_size) as (px, pid),
-        proxy(up, page_size=page_size, cache=True) as (cx, cache_pid),
-    ):
-        direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
-        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        cache_url = f"{cx}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        async with aiohttp.ClientSession(
-            skip_auto_headers=("Accept-Encoding",), headers=HEADERS
-        ) as s:
-            await list_once(s, direct_url, {"labelSelector": SELECTOR})  # warm up all three
-            await list_once(s, proxy_url, {})
-            await list_once(s, cache_url, {})  # the cache's first list and sync
-            direct, n1 = await timed(
-                lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
-            )
-            proxied, n2 = await timed(lambda: list_once(s, proxy_url, {}), repeat)
-            cached, n3 = await timed(lambda: list_once(s, cache_url, {}), repeat)
-            cached_any, n4 = await timed(
-                lambda: list_once(s, cache_url, {"resourceVersion": "0"}), repeat
-            )
-        assert n1 == n2 == n3 == n4, (n1, n2, n3, n4)
-        report(f"LIST {objects} objects (½ match)", direct, proxied, n2, "≤ 1.10")
-        report("  from the cache (consistent read)", direct, cached, n3, "≤ 1.50 vs fake")
-        report("  from the cache (resourceVersion=0)", direct, cached_any, n4, "≤ 1.50 vs fake")
-        print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
-        print(f"{'':<34} cache peak RSS {peak_rss_mib(cache_pid):.1f} MiB")
-
-
-async def bench_watch(events: int, repeat: int) -> None:
-    async with fake_upstream(events * 2) as up, proxy(up, page_size=500) as (px, _):
-        direct_url = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}/clusters/*{API}"
-        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        async with aiohttp.ClientSession(headers=HEADERS) as s:
-            direct_params = {**WATCH_PARAMS, "labelSelector": SELECTOR}
-            direct, n1 = await timed(lambda: watch_once(s, direct_url, direct_params), repeat)
-            proxied, n2 = await timed(lambda: watch_once(s, proxy_url, WATCH_PARAMS), repeat)
-        assert n1 == n2, (n1, n2)
-        print(
-            f"{f'WATCH {n2} events':<34} direct {n1 / direct:8.0f} ev/s proxy {n2 / proxied:8.0f} "
-            f"ev/s  throughput {direct / proxied:5.0%} of direct (target ≥ 50 %)"
-        )
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-async def _watch_until_initial_end(
-    session: aiohttp.ClientSession,
-    url: str,
-    params: dict[str, str],
-    ready: asyncio.Event,
-    arrivals: dict[str, list[float]],
-    opened: list[int],
-    total: int,
-) -> None:
-    """One watcher: through its initial events, then the arrival time of every object named
-    ``fanout-*`` (until cancelled)."""
-    async with session.get(url, params=params) as r:
-        assert r.status == 200, r.status
-        initial = True
-        async for line in r.content:
-            if initial:
-                if b"initial-events-end" in line:
-                    initial = False
-                    opened.append(1)
-                    if len(opened) == total:
-                        ready.set()
-                continue
-            now = time.perf_counter()
-            start = line.find(b'"name":"fanout-')
-            if start >= 0:
-                name = line[start + 8 : line.index(b'"', start + 8)].decode()
-                arrivals.setdefault(name, []).append(now)
-
-
-async def bench_fanout(counts: tuple[int, ...], events: int) -> None:
-    """Delivery latency of one change to N watchers of one slice from the cache, as added
-    over a direct watch on the upstream; the proxy's RSS per open watch; upstream watches."""
-    params = {
-        "watch": "1",
-        "sendInitialEvents": "true",
-        "resourceVersionMatch": "NotOlderThan",
-        "allowWatchBookmarks": "true",
-    }
-    extra = "connections: {maxConnectionsPerClient: 0}"
-    async with (
-        fake_upstream(100) as up,
-        proxy(up, page_size=500, cache=True, extra_yaml=extra) as (px, pid),
-    ):
-        vw = f"{up}/services/apiexport/{EXPORT_CLUSTER}/{EXPORT_NAME}"
-        direct_url = f"{vw}/clusters/*{API}"
-        proxy_url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-        create_url = f"{vw}/clusters/cluster-0/apis/example.io/v1alpha1/namespaces/ns-0/widgets"
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, headers=HEADERS) as s:
-            for n in counts:
-                arrivals: dict[str, list[float]] = {}
-                direct: dict[str, list[float]] = {}
-                ready, opened = asyncio.Event(), []
-                before = rss_mib(pid)
-                tasks = [
-                    asyncio.create_task(
-                        _watch_until_initial_end(s, proxy_url, params, ready, arrivals, opened, n)
-                    )
-                    for _ in range(n)
-                ]
-                d_ready, d_opened = asyncio.Event(), []
-                tasks.append(
-                    asyncio.create_task(
-                        _watch_until_initial_end(
-                            s,
-                            direct_url,
-                            {**params, "labelSelector": SELECTOR},
-                            d_ready,
-                            direct,
-                            d_opened,
-                            1,
-                        )
-                    )
-                )
-                await asyncio.wait_for(asyncio.gather(ready.wait(), d_ready.wait()), 120)
-                await asyncio.sleep(1)
-                per_watch_kib = (rss_mib(pid) - before) * 1024 / n
-                sent: dict[str, float] = {}
-                for i in range(events):
-                    name = f"fanout-{n}-{i}"
-                    body = {
-                        "apiVersion": "example.io/v1alpha1", "kind": "Widget",
-                        "metadata": {"name": name, "namespace": "ns-0", "labels": {"env": "prod"}},
-                        "spec": {"size": 1},
-                    }  # fmt: skip
-                    sent[name] = time.perf_counter()
-                    async with s.post(create_url, json=body) as r:
-                        assert r.status == 201, r.status
-                    # One change at a time: its delivery latency, not a saturated pipeline's.
-                    await asyncio.sleep(0.3)
-                deadline = time.perf_counter() + 60
-                while time.perf_counter() < deadline and (  # noqa: ASYNC110 - counters to poll
-                    sum(len(v) for v in arrivals.values()) < n * events
-                    or sum(len(v) for v in direct.values()) < events
-                ):
-                    await asyncio.sleep(0.05)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                added = sorted(
-                    t - min(direct.get(name, [t]))
-                    for name, times in arrivals.items()
-                    for t in times
-                )
-                got = len(added)
-                p50 = added[len(added) // 2] * 1000 if added else float("nan")
-                p99 = added[int(len(added) * 0.99) - 1] * 1000 if added else float("nan")
-                print(
-                    f"{f'fan-out {n} watchers':<34} added latency p50 {p50:6.1f} ms  "
-                    f"p99 {p99:6.1f} ms (target p99 ≤ 50 ms at 1000)  "
-                    f"{got}/{n * events} delivered; RSS {per_watch_kib:6.1f} KiB/watch "
-                    "(target ≤ 64)"
-                )
-        async with aiohttp.ClientSession(headers=HEADERS) as s, s.get(f"{px}/debug/cache") as r:
-            resources = (await r.json())["resources"]
-        print(f"{'':<34} upstream resources cached: {len(resources)} (one watch each)")
-
-
-async def bench_rss(small: int, large: int, page_size: int) -> None:
-    peaks = {}
-    for n in (small, large):
-        async with fake_upstream(n) as up, proxy(up, page_size=page_size) as (px, pid):
-            url = f"{px}/services/filtered-apiexport/{SLICE_CLUSTER}/prod/clusters/*{API}"
-            async with aiohttp.ClientSession(headers=HEADERS) as s:
-                count = await list_once(s, url, {})
-            peaks[n] = peak_rss_mib(pid)
-            print(f"{f'LIST {n} objects':<34} proxy peak RSS {peaks[n]:7.1f} MiB ({count} items)")
-    print(f"{'RSS ratio':<34} {peaks[large] / peaks[small]:.2f} (target ≤ 1.30)")
-
-
-async def bench_kcp(objects: int, repeat: int, page_size: int) -> None:
-    """The same LIST and watch comparisons with real kcp as the upstream (its APIExport VW)."""
-    from devenv.bootstrap import DEMO_USERS_FILE, bootstrap
-    from devenv.kcp import build_kcp, start_kcp
-
-    binary = await asyncio.to_thread(build_kcp)
-    async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
-        world = await bootstrap(kcp)
-        ws = world.consumer("consumer-a")
-        started = time.perf_counter()
-        async with kcp.http_session(timeout=120) as s:
-            url = f"{kcp.url}/clusters/{ws.path}/{world.api_path}/namespaces/team-red/widgets"
-            gate = asyncio.Semaphore(32)
-
-            async def create(i: int) -> None:
-                body = {
-                    "apiVersion": "example.io/v1alpha1",
-                    "kind": "Widget",
-                    "metadata": {
-                        "name": f"bench-{i:06d}",
-                        "labels": {"env": ("prod", "dev")[i % 2], "bench": "yes"},
-                    },
-                    "spec": {"size": i % 100, "color": "red"},
-                }
-                async with gate, s.post(url, json=body) as r:
-                    assert r.status in (201, 409), (r.status, await r.text())
-
-            await asyncio.gather(*(create(i) for i in range(objects)))
-        print(f"kcp: created {objects} widgets in {time.perf_counter() - started:.0f}s")
-        upstream_yaml = f"{{kubeconfig: {kcp.kubeconfig}, context: {kcp.admin_context}}}"
-        headers = {"Authorization": f"Bearer {kcp.admin_token}"}
-        async with proxy(
-            "",
-            page_size=page_size,
-            upstream_yaml=upstream_yaml,
-            slice_yaml=f"upstreamURL: {world.vw_url}",
-            slice_cluster=world.provider.cluster,
-        ) as (px, pid):
-            direct_url = f"{world.vw_url}/clusters/*{API}"
-            proxy_url = (
-                f"{px}/services/filtered-apiexport/{world.provider.cluster}/prod/clusters/*{API}"
-            )
-            connector = aiohttp.TCPConnector(ssl=kcp.ssl_context())
-            async with aiohttp.ClientSession(
-                connector=connector, headers=headers, skip_auto_headers=("Accept-Encoding",)
-            ) as s:
-                await list_once(s, direct_url, {"labelSelector": SELECTOR})
-                await list_once(s, proxy_url, {})
-                direct, n1 = await timed(
-                    lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
-                )
-                proxied, n2 = await timed(lambda: list_once(s, proxy_url, {}), repeat)
-                report("kcp LIST (proxy pages)", direct, proxied, n2, "≤ 1.10")
-                direct_p, _ = await timed(
-                    lambda: paged(s, direct_url, {"labelSelector": SELECTOR}), repeat
-                )
-                proxied_p, n3 = await timed(lambda: paged(s, proxy_url, {}), repeat)
-                report("kcp LIST (client pages of 500)", direct_p, proxied_p, n3, "≤ 1.10")
-                direct_params = {**WATCH_PARAMS, "labelSelector": SELECTOR}
-                direct_w, e1 = await timed(lambda: watch_once(s, direct_url, direct_params), repeat)
-                proxied_w, e2 = await timed(lambda: watch_once(s, proxy_url, WATCH_PARAMS), repeat)
-            assert n1 == n2 == n3, (n1, n2, n3)
-            assert e1 == e2, (e1, e2)
-            print(
-                f"{f'kcp WATCH {e2} initial events':<34} direct {e1 / direct_w:8.0f} ev/s "
-                f"proxy {e2 / proxied_w:8.0f} ev/s  throughput {direct_w / proxied_w:5.0%} of "
-                "direct (target ≥ 50 %)"
-            )
-            print(f"{'':<34} proxy peak RSS {peak_rss_mib(pid):.1f} MiB")
-        async with proxy(
-            "",
-            page_size=page_size,
-            upstream_yaml=upstream_yaml,
-            slice_yaml=f"upstreamURL: {world.vw_url}",
-            slice_cluster=world.provider.cluster,
-            cache=True,
-        ) as (cx, cache_pid):
-            cache_url = (
-                f"{cx}/services/filtered-apiexport/{world.provider.cluster}/prod/clusters/*{API}"
-            )
-            connector = aiohttp.TCPConnector(ssl=kcp.ssl_context())
-            async with aiohttp.ClientSession(
-                connector=connector, headers=headers, skip_auto_headers=("Accept-Encoding",)
-            ) as s:
-                await list_once(s, cache_url, {})  # the cache's first list
-                direct, n1 = await timed(
-                    lambda: list_once(s, direct_url, {"labelSelector": SELECTOR}), repeat
-                )
-                cached, n2 = await timed(lambda: list_once(s, cache_url, {}), repeat)
-                cached0, n3 = await timed(
-                    lambda: list_once(s, cache_url, {"resourceVersion": "0"}), repeat
-                )
-                direct_p, _ = await timed(
-                    lambda: paged(s, direct_url, {"labelSelector": SELECTOR}), repeat
-                )
-                cached_p, n4 = await timed(lambda: paged(s, cache_url, {}), repeat)
-            assert n1 == n2 == n3 == n4, (n1, n2, n3, n4)
-            report("kcp LIST from the cache", direct, cached, n2, "≤ 0.25")
-            report("kcp LIST from the cache, rv=0", direct, cached0, n3, "≤ 0.25")
-            report("kcp LIST from the cache, pages", direct_p, cached_p, n4, "≤ 0.25")
-            print(f"{'':<34} cache peak RSS {peak_rss_mib(cache_pid):.1f} MiB")
-
-
-async def paged(session: aiohttp.ClientSession, url: str, params: dict[str, str]) -> int:
-    """A LIST paged by the client, like kubectl and client-go's pager (limit=500)."""
-    count, token = 0, ""
-    while True:
-        query = {**params, "limit": "500", **({"continue": token} if token else {})}
-        async with session.get(url, params=query) as r:
-            assert r.status == 200, r.status
-            doc = await r.json()
-        count += len(doc["items"])
-        token = doc["metadata"].get("continue", "")
-        if not token:
-            return count
-
-
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["list", "watch", "fanout", "rss", "kcp"])
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    parser.add_argument("--only", choices=PARTS, help="run one part")
+    parser.add_argument("--skip", default="", help=f"comma-separated parts not to run: {PARTS}")
+    parser.add_argument("--out", type=Path, help="report directory (default docs/bench)")
     parser.add_argument(
-        "--watchers", default="1,100,1000", help="fan-out: comma-separated watcher counts"
+        "--report-only",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: write the plots and README.md of these results (into --out, "
+        "default beside the file), e.g. after changing the report's code",
     )
-    parser.add_argument("--objects", type=int, default=10_000)
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--page-size", type=int, default=500)
-    args = parser.parse_args()
-    os.environ.setdefault("PYTHONPATH", str(REPO))
-    print(f"vwserver benchmarks — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
-    if args.only in (None, "list"):
-        await bench_list(args.objects, args.repeat, args.page_size)
-    if args.only in (None, "watch"):
-        await bench_watch(args.events, args.repeat)
-    if args.only in (None, "fanout"):
-        counts = tuple(int(n) for n in args.watchers.split(","))
-        await bench_fanout(counts, events=20)
-    if args.only in (None, "rss"):
-        await bench_rss(args.objects, args.objects * 10, args.page_size)
-    if args.only in (None, "kcp"):
-        await bench_kcp(args.objects, args.repeat, args.page_size)
+    parser.add_argument(
+        "--baseline",
+        default="committed",
+        help=f"results to compare with: 'committed' ({COMMITTED} at git HEAD, else the file), "
+        "a results.json path, or 'none'",
+    )
+    parser.add_argument(
+        "--nginx",
+        choices=["install", "if-present"],
+        default="install",
+        help="install nginx from the Debian packages when missing, or measure it only if there",
+    )
+    parser.add_argument("--objects", type=counts, help="LIST object counts, fake upstream")
+    parser.add_argument("--kcp-objects", type=counts, help="LIST object counts, kcp")
+    parser.add_argument("--watchers", type=counts, help="fan-out watcher counts")
+    parser.add_argument("--events", type=int, help="watch throughput: initial events")
+    parser.add_argument("--rss-watches", type=counts, help="open watches at each RSS reading")
+    parser.add_argument("--get-requests", type=int, help="GETs per target, level and round")
+    parser.add_argument("--repeat", type=int, help="repetitions of each timed call")
+    parser.add_argument("--page-size", type=int, default=500, help="vwserver's listPageSize")
+    args = parser.parse_args(argv)
+    skipped = set(filter(None, args.skip.split(",")))
+    if skipped - set(PARTS):
+        parser.error(f"--skip: unknown parts {sorted(skipped - set(PARTS))}")
+    args.parts = [args.only] if args.only else [p for p in PARTS if p not in skipped]
+    sizes = QUICK if args.quick else FULL
+    overrides = {
+        field: getattr(args, field)
+        for field in (
+            "objects",
+            "kcp_objects",
+            "watchers",
+            "events",
+            "rss_watches",
+            "get_requests",
+            "repeat",
+        )
+        if getattr(args, field) is not None
+    }
+    args.sizes = replace(sizes, **overrides)
+    if args.out is None and args.report_only:
+        args.out = args.report_only.parent
+    if args.out is None and not args.only:
+        args.out = Path(tempfile.gettempdir()) / "vwserver-bench-quick" if args.quick else DOCS
+    return args
+
+
+def load_baseline(spec: str) -> tuple[Results | None, str]:
+    """The results to compare with and where they came from."""
+    if spec == "none":
+        return None, "no comparison asked for"
+    if spec == "committed":
+        done = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"HEAD:{COMMITTED}"],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            return decode(done.stdout), f"{COMMITTED} as committed at HEAD"
+        path = REPO / COMMITTED
+    else:
+        path = Path(spec)
+    if not path.exists():
+        return None, f"{path} does not exist"
+    return decode(path.read_bytes()), str(path)
+
+
+async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
+    """Run the chosen parts; a part that fails is reported and the others still run."""
+    z: Sizes = args.sizes
+    parts: dict[str, Callable[[], Awaitable[None]]] = {
+        "list": lambda: bench_lists(results, z.objects, repeat=z.repeat, page_size=args.page_size),
+        "watch": lambda: bench_watch(results, events=z.events, repeat=z.repeat),
+        "fanout": lambda: bench_fanout(
+            results, z.watchers, events=z.fanout_events, spacing=z.fanout_spacing
+        ),
+        "rss": lambda: bench_rss(results, z.rss_watches, settle=z.rss_settle),
+        "gets": lambda: bench_gets(
+            results,
+            concurrency=z.get_concurrency,
+            requests=z.get_requests,
+            rounds=z.get_rounds,
+            install_nginx=args.nginx == "install",
+        ),
+        "kcp": lambda: bench_kcp(results, z.kcp_objects, repeat=z.repeat, page_size=args.page_size),
+    }
+    # SIGINT/SIGTERM cancel the run, so that every process it started is stopped on the way
+    # out (a background job's SIGINT may be ignored; SIGTERM would end Python on the spot).
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
+    failed = []
+    for part in PARTS:
+        if part not in args.parts:
+            results.skipped.setdefault(part, "not asked for in this run (--skip/--only)")
+            continue
+        print(f"\n== {part} ==", flush=True)
+        started = time.monotonic()
+        try:
+            await parts[part]()
+        except Exception as e:  # one broken part must not hide the others' results
+            traceback.print_exc()
+            results.skipped[part] = f"FAILED: {type(e).__name__}: {e}"
+            failed.append(part)
+        results.seconds[part] = time.monotonic() - started
+    return failed
+
+
+def compare(
+    baseline: Results | None, source: str, results: Results
+) -> tuple[list[Regression] | None, int]:
+    if baseline is None:
+        print(f"\nNo comparison: {source}.")
+        return None, 0
+    worse, common = regressions(baseline, results)
+    if baseline.mode != results.mode:
+        source += f" (a {baseline.mode} run; this is a {results.mode} run)"
+    print(f"\nCompared with {source}:")
+    print(compared(worse, common, source))
+    return worse, common
+
+
+def write_report(
+    results: Results,
+    out: Path,
+    comparison: tuple[list[Regression] | None, int],
+    baseline: str,
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_bytes(encode(results))
+    plots = write_plots(results, out)
+    worse, common = comparison
+    (out / "README.md").write_text(
+        markdown(results, regressions=worse, common=common, baseline=baseline)
+    )
+    print(f"report: {out}/README.md, results.json, {', '.join(plots)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Read before anything is written: the report may replace that very file.
+    baseline, source = load_baseline(args.baseline)
+    if args.report_only:
+        results = decode(args.report_only.read_bytes())
+        write_report(results, args.out, compare(baseline, source, results), source)
+        return 0
+    results = Results(
+        mode="quick" if args.quick else "full",
+        taken=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        machine={},
+        load={"before": machine.uptime()},
+    )
+    print(f"vwserver benchmarks ({results.mode}): {', '.join(args.parts)}")
+    print(f"load before: {results.load['before']}", flush=True)
+    started = time.monotonic()
+    try:
+        failed = asyncio.run(run_parts(args, results))
+    except asyncio.CancelledError:
+        print("interrupted: every process the run started is stopped; no report written")
+        return 130
+    results.load["after"] = machine.uptime()
+    results.seconds["total"] = time.monotonic() - started
+    results.machine = machine.describe(
+        nginx=nginx_version(find_nginx()), kcp_used="kcp" in args.parts
+    )
+    print("\n" + "\n".join(f"{k:>9}: {v}" for k, v in results.machine.items()))
+    print(f"load after: {results.load['after']}; took {results.seconds['total']:.0f} s")
+    for part, why in results.skipped.items():
+        print(f"not measured: {part}: {why}")
+    comparison = compare(baseline, source, results)
+    if args.out is not None:
+        write_report(results, args.out, comparison, source)
+    if failed:
+        print(f"FAILED parts: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(main())

@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
+from tests.support.cache import cache_reads, until_counted
 from tests.support.slices import slices_over_kcp
 from vwserver.k8s.kubeconfig import ClientAuth, load_kubeconfig
 from vwserver.selector import Selector
@@ -29,6 +30,8 @@ class Pair:
     world: Bootstrap
     auth: ClientAuth
     session: aiohttp.ClientSession
+    cached: bool = False
+    """Reads through the slice come from the shared watch cache (else kcp answers them)."""
 
     @property
     def token(self) -> str:
@@ -48,6 +51,20 @@ class Pair:
     def direct_url(self, cluster: str) -> str:
         return f"{self.world.vw_url}/clusters/{self.cluster(cluster)}"
 
+    async def cache_reads(self, verb: str, outcome: str) -> float:
+        """``vwserver_cache_reads_total{verb,outcome}``: how many reads the cache took."""
+        return await cache_reads(self.session, self.proxy_base, verb=verb, outcome=outcome)
+
+    async def served_from_cache(self, verb: str, before: float) -> None:
+        """The cache served one more ``verb`` than ``before``; with the pass-through fixture,
+        it served nothing."""
+        if not self.cached:
+            assert await self.cache_reads(verb, "served") == 0
+            return
+        await until_counted(
+            self.session, self.proxy_base, verb=verb, outcome="served", count=before + 1
+        )
+
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session", params=["passthrough", "cache"])
 async def pair(
@@ -66,4 +83,4 @@ async def pair(
             connector=connector, timeout=aiohttp.ClientTimeout(total=60)
         ) as session,
     ):
-        yield Pair(base, kcp, world, auth, session)
+        yield Pair(base, kcp, world, auth, session, cached=request.param == "cache")

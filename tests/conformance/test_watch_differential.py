@@ -16,6 +16,7 @@ import pytest
 
 from tests.conformance.conftest import SELECTOR, Pair
 from tests.conformance.harness import normalise
+from tests.support.kubectl import watch_lines
 
 W = "/apis/example.io/v1alpha1"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -103,14 +104,32 @@ def _summary(events: list[dict[str, Any]], ns: str) -> list[tuple[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize(("label", "accept"), [("plain", None), ("table", TABLE), ("pom", POM)])
+@pytest.mark.parametrize(
+    ("label", "accept", "extra"),
+    [
+        ("plain", None, ()),
+        ("table", TABLE, ()),
+        ("pom", POM, ()),
+        # From resourceVersion=0 (the state, then the changes): the cache always serves these
+        # (a watch from kcp's current resourceVersion falls back when kcp's moved on with
+        # writes the cache has not heard of yet).
+        ("table-rv0", TABLE, (("resourceVersion", "0"),)),
+        ("table-rv0-object", TABLE, (("resourceVersion", "0"), ("includeObject", "Object"))),
+    ],
+)
 async def test_watch_events_equal_kcps_selector_watch(
-    pair: Pair, label: str, accept: str | None
+    pair: Pair, label: str, accept: str | None, extra: tuple[tuple[str, str], ...]
 ) -> None:
     async with _namespace(pair) as ns:
         marker = f"marker-{uuid.uuid4().hex[:6]}"
-        rv = await _current_rv(pair)
-        query = [("watch", "1"), ("resourceVersion", rv), ("allowWatchBookmarks", "false")]
+        rv = "0" if ("resourceVersion", "0") in extra else await _current_rv(pair)
+        query = [
+            ("watch", "1"),
+            ("resourceVersion", rv),
+            ("allowWatchBookmarks", "false"),
+            *(kv for kv in extra if kv[0] != "resourceVersion"),
+        ]
+        served = await pair.cache_reads("watch", "served")
         through = asyncio.create_task(
             _events(pair, pair.slice_url("*") + f"{W}/widgets", query, accept, marker)
         )
@@ -139,6 +158,8 @@ async def test_watch_events_equal_kcps_selector_watch(
             "DELETED",
             "ADDED",
         ]
+    if rv == "0":
+        await pair.served_from_cache("watch", served)
 
 
 _AGE_COLUMN = re.compile(r"\s+\S+\s*$")
@@ -146,37 +167,13 @@ _AGE_COLUMN = re.compile(r"\s+\S+\s*$")
 
 async def _kubectl_watch(pair: Pair, server: str, extra: list[str], marker: str) -> list[str]:
     """``kubectl get widgets -A -w`` (default table output) until the marker's line."""
-    argv = [
-        f"--kubeconfig={pair.kcp.kubeconfig}",
-        f"--context={pair.kcp.admin_context}",
-        f"--server={server}",
-        "get",
-        "widgets",
-        "-A",
-        "--watch-only",
-        *extra,
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        pair.kcp.kubectl_binary,
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    return await watch_lines(
+        pair.kcp,
+        *("get", "widgets", "-A", "--watch-only", *extra),
+        server=server,
+        until=marker,
+        within=WITHIN,
     )
-    lines: list[str] = []
-    try:
-        assert proc.stdout is not None
-        async with asyncio.timeout(WITHIN):
-            async for raw in proc.stdout:
-                line = raw.decode().rstrip()
-                lines.append(line)
-                if marker in line:
-                    return lines
-        raise AssertionError(f"kubectl -w ended before {marker}: {lines}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 async def test_kubectl_default_watch_shows_relabels(pair: Pair) -> None:

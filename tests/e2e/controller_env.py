@@ -28,6 +28,8 @@ from devenv.kcp import KcpInstance
 from devenv.slices import bind_api, install_api, slice_manifest
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.auth.guard import Guard
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import SystemClock
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
@@ -108,41 +110,49 @@ async def serving(
     resync: float,
     guard: Callable[[KubeClient], Guard] | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    cache: bool = False,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
     slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
-    ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https)."""
+    ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https; ``cache``:
+    serve LIST and WATCH from the shared watch cache, with holds, as a deployed vwserver does)."""
     api_ws = await install_api(kcp, workspace=API_WS)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes()
-    async with KubeClient(auth=auth) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(KubeClient(auth=auth))
+        registry = None
+        if cache:
+            registry = CacheRegistry(client=client, clock=SystemClock())
+            stack.push_async_callback(registry.aclose)
         holder: dict[str, SliceController] = {}
         app = build_app(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
             ready=lambda: "c" in holder and holder["c"].synced.is_set(),
             guard=guard(client) if guard is not None else NO_AUTH,
+            cache=registry,
         )
-        async with serve_app(app, ssl_context=ssl_context) as base:
-            controller = SliceController(
-                client=client,
-                routes=routes,
-                settings=ControllerSettings(
-                    export_path=api_ws.path,
-                    external_url=base,
-                    resync=resync,
-                    retry=Backoff(initial=0.2, maximum=1.0),
-                ),
-            )
-            holder["c"] = controller
-            task = asyncio.create_task(controller.run())
-            try:
-                await asyncio.wait_for(controller.synced.wait(), 30)
-                yield Served(base, kcp, world, controller, api_ws)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await controller.aclose()
+        base = await stack.enter_async_context(serve_app(app, ssl_context=ssl_context))
+        controller = SliceController(
+            client=client,
+            routes=routes,
+            settings=ControllerSettings(
+                export_path=api_ws.path,
+                external_url=base,
+                resync=resync,
+                retry=Backoff(initial=0.2, maximum=1.0),
+            ),
+        )
+        holder["c"] = controller
+        task = asyncio.create_task(controller.run())
+        try:
+            await asyncio.wait_for(controller.synced.wait(), 30)
+            yield Served(base, kcp, world, controller, api_ws)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await controller.aclose()

@@ -13,18 +13,15 @@ The proxy runs in-process on the session's event loop with static routes for the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import random
-import signal
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -32,24 +29,31 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
+from tests.support.go_clients import (
+    GoClient,
+    Key,
+    clients,
+    informer_args,
+    is_watch,
+    view,
+    widget_requests,
+)
 from tests.support.slices import slices_over_kcp
+from tests.support.widgets import (
+    API,
+    MERGE_PATCH,
+    list_widgets,
+    make_namespace,
+    remove_namespace,
+)
 from vwserver.selector import Selector
 
-T = TypeVar("T")
-
-API = "apis/example.io/v1alpha1"
-RESOURCE = "example.io/v1alpha1/widgets"
 FINALIZER = "example.io/test-finalizer"
 PHASE = "Reconciled"  # what the reconciler writes to status.phase (the schema's one status field)
 SYNC_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 45.0
-STOP_GRACE = 10.0
 OBJECTS_PER_WORKSPACE = 30
 WRITE_CONCURRENCY = 16
-MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
-
-Key = str  # "<cluster>|<namespace>/<name>", the informer's key
-State = tuple[str, dict[str, str]]  # (resourceVersion, labels)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,152 +79,15 @@ async def proxy(
     """Both read paths: LIST and WATCH passed to kcp, and served from the shared watch cache."""
     # A small page size: the informer's LIST (watch-list off) is paged upstream by the proxy.
     slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
+    # The same slice served all through to kcp: a reconciler there adds its finalizer without a
+    # hold (vwserver.holds), so an object it finalized leaves the slice as a plain DELETED —
+    # what these tests model. The handoff of held objects: test_handoff_kcp.py.
+    slices["prod-unheld"] = Selector.parse("env=prod")
     cache = request.param == "cache"
-    async with slices_over_kcp(kcp, world, slices=slices, page_size=10, cache=cache) as base:
+    async with slices_over_kcp(
+        kcp, world, slices=slices, page_size=10, cache=cache, uncached=("prod-unheld",)
+    ) as base:
         yield Proxy(base, world)
-
-
-class GoClient:
-    """A running ``vwclient``; its stdout JSON lines are collected as they arrive."""
-
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.name = name
-        self.proc = proc
-        self.stderr = stderr
-        self.lines: list[dict[str, Any]] = []
-        self._changed = asyncio.Event()
-        self._reader = asyncio.create_task(self._read())
-
-    @classmethod
-    async def start(cls, binary: Path, name: str, args: Sequence[str], logs: Path) -> GoClient:
-        stderr = logs / f"{name}.stderr"
-        with stderr.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                str(binary),
-                *args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                limit=64 * 1024 * 1024,  # the final cache is one line
-            )
-        return cls(name, proc, stderr)
-
-    async def _read(self) -> None:
-        """Collect stdout, and keep a copy next to the stderr log (for a failure's analysis)."""
-        assert self.proc.stdout is not None
-        try:
-            with self.stderr.with_suffix(".stdout").open("wb") as copy:
-                while line := await self.proc.stdout.readline():
-                    copy.write(line)
-                    self.lines.append(json.loads(line))
-                    self._changed.set()
-        finally:
-            self._changed.set()
-
-    def events(self, *kinds: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] in kinds]
-
-    def synced(self) -> bool:
-        return bool(self.events("synced"))
-
-    def holds(self, namespace: str, keys: object) -> bool:
-        """Whether :func:`view` of ``namespace`` is ``keys`` (a dict of states or a set of keys)."""
-        state = view(self, namespace)
-        return (set(state) if isinstance(keys, set) else state) == keys
-
-    def stderr_tail(self, lines: int = 30) -> str:
-        text = self.stderr.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- last lines of {self.stderr} ---\n" + "\n".join(text)
-
-    async def wait_until(self, what: str, probe: Callable[[], T], *, within: float) -> T:
-        """``probe()`` once it is truthy; fails after ``within`` seconds or if the client ends."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while True:
-            if value := probe():
-                return value
-            if self._reader.done():
-                raise AssertionError(
-                    f"{self.name} ended (exit code {self.proc.returncode}) before {what}\n"
-                    + self.stderr_tail()
-                )
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise AssertionError(
-                    f"{self.name}: no {what} within {within:.0f}s\n{self.stderr_tail()}"
-                )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-
-    async def stop(self) -> int:
-        """SIGTERM, SIGKILL after :data:`STOP_GRACE` seconds; the exit code (negative: signal)."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), STOP_GRACE)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await asyncio.wait_for(self.proc.wait(), STOP_GRACE)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._reader), STOP_GRACE)
-        assert self.proc.returncode is not None
-        return self.proc.returncode
-
-    def final_cache(self) -> list[dict[str, Any]]:
-        caches = self.events("cache")
-        assert len(caches) == 1, f"{self.name}: {len(caches)} cache lines\n{self.stderr_tail()}"
-        return list(caches[0]["items"])
-
-
-@contextlib.asynccontextmanager
-async def clients() -> AsyncIterator[Callable[[GoClient], GoClient]]:
-    """``add(client)`` registers a client to be stopped when the block ends, however it ends."""
-    started: list[GoClient] = []
-
-    def add(client: GoClient) -> GoClient:
-        started.append(client)
-        return client
-
-    try:
-        yield add
-    finally:
-        await asyncio.gather(*(c.stop() for c in started), return_exceptions=True)
-
-
-def informer_args(server: str, *credentials: str, watch_list: bool) -> list[str]:
-    """A cluster-aware informer on ``server`` (credentials: --token=..., --kubeconfig=...)."""
-    return [
-        "informer",
-        f"--server={server}",
-        *credentials,
-        f"--resource={RESOURCE}",
-        "--cluster-aware",
-        f"--watch-list={'on' if watch_list else 'off'}",
-    ]
-
-
-def view(client: GoClient, namespace: str) -> dict[Key, State]:
-    """What the informer holds in ``namespace`` according to its handler calls so far."""
-    state: dict[Key, State] = {}
-    for e in client.events("add", "update", "delete"):
-        if e["namespace"] != namespace:
-            continue
-        if e["event"] == "delete":
-            state.pop(e["key"], None)
-        else:
-            state[e["key"]] = (e["resourceVersion"], e["labels"])
-    return state
-
-
-def widget_requests(client: GoClient) -> list[dict[str, Any]]:
-    return [r for r in client.events("request") if r["path"].endswith("/widgets")]
-
-
-def is_watch(request: Mapping[str, Any]) -> bool:
-    return "watch=true" in request["query"].split("&")
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,20 +218,6 @@ async def drive(
         await asyncio.gather(*(run(obj) for obj in plan))
 
 
-async def list_widgets(
-    kcp: KcpInstance, workspaces: Sequence[Workspace], namespace: str
-) -> dict[Key, dict[str, Any]]:
-    """Every widget of ``namespace`` in ``workspaces``, read directly from kcp, by key."""
-    found = {}
-    async with kcp.http_session(timeout=30) as session:
-        for ws in workspaces:
-            async with session.get(f"{ws.url}/{API}/namespaces/{namespace}/widgets") as resp:
-                assert resp.status == 200, await resp.text()
-                for item in (await resp.json())["items"]:
-                    found[f"{ws.cluster}|{namespace}/{item['metadata']['name']}"] = item
-    return found
-
-
 async def poll(what: str, probe: Callable[[], Any], *, within: float) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
@@ -372,31 +225,6 @@ async def poll(what: str, probe: Callable[[], Any], *, within: float) -> Any:
         assert loop.time() < deadline, f"timed out after {within:.0f}s waiting for {what}"
         await asyncio.sleep(0.5)
     return value
-
-
-async def make_namespace(kcp: KcpInstance, workspaces: Sequence[Workspace], name: str) -> None:
-    for ws in workspaces:
-        await kcp.kubectl("create", "namespace", name, server=ws.url)
-
-
-async def remove_namespace(kcp: KcpInstance, workspaces: Sequence[Workspace], name: str) -> None:
-    """Strip our finalizer from every widget left in ``name`` (directly), then delete it."""
-    for ws in workspaces:
-        with contextlib.suppress(Exception):
-            async with kcp.http_session(timeout=30) as session:
-                collection = f"{ws.url}/{API}/namespaces/{name}/widgets"
-                async with session.get(collection) as resp:
-                    items = (await resp.json()).get("items", []) if resp.status == 200 else []
-                for item in items:
-                    if item["metadata"].get("finalizers"):
-                        patch = json.dumps({"metadata": {"finalizers": None}})
-                        url = f"{collection}/{item['metadata']['name']}"
-                        async with session.patch(url, data=patch, headers=MERGE_PATCH):
-                            pass
-        await kcp.kubectl(
-            "delete", "namespace", name, "--wait=false", "--ignore-not-found", server=ws.url,
-            check=False,
-        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,7 +375,7 @@ async def test_informers_and_reconciler_follow_direct_writes(
                     "reconciler",
                     [
                         "reconciler",
-                        f"--server={proxy.url('prod', home.cluster)}",
+                        f"--server={proxy.url('prod-unheld', home.cluster)}",
                         f"--token={token}",
                         f"--namespace={namespace}",
                         f"--finalizer={FINALIZER}",

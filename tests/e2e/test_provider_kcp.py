@@ -42,7 +42,8 @@ from devenv.bootstrap import DEMO_DIR, Bootstrap, Workspace, apply_retrying, pol
 from devenv.kcp import KcpInstance
 from devenv.slices import rbac_docs, wait_slice_ready
 from tests.e2e.controller_env import Served, create_workspace, serving, unique
-from tests.e2e.test_go_clients_kcp import GoClient, clients, remove_namespace
+from tests.support.go_clients import GoClient, clients
+from tests.support.widgets import remove_namespace
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
 from vwserver.auth.tokens import TokenReviewer
@@ -87,7 +88,13 @@ async def env(
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
     async with serving(
-        kcp, world, bind_in=(world.provider,), resync=5.0, guard=_guard, ssl_context=server_ctx
+        kcp,
+        world,
+        bind_in=(world.provider,),
+        resync=5.0,
+        guard=_guard,
+        ssl_context=server_ctx,
+        cache=True,
     ) as served:
         assert served.base.startswith("https://")
         yield Env(served, kcp, world, tmp / "vwserver-ca.crt", client_ctx, tmp)
@@ -408,9 +415,10 @@ async def test_provider_reconciles_exactly_the_slice(
 ) -> None:
     """With both grants: in every consumer workspace the provider takes on exactly the objects
     of the slice (the same names in two workspaces are two objects), follows relabels into the
-    slice, releases deleted objects, and sees objects that leave the slice go — their finalizer
-    stays (the known limit until the graceful handoff). Writes outside the slice are refused to
-    its identity, and every write it made went to ``<endpoint>/clusters/<id>``."""
+    slice, releases deleted objects, and sees an object that leaves the slice as a graceful
+    deletion (vwserver.holds): it removes its finalizer through the slice, then the object is
+    gone from it. Writes outside the slice are refused to its identity, and every write it made
+    went to ``<endpoint>/clusters/<id>``."""
     world = env.world
     consumers = world.consumers
     namespace = f"prov-{uuid.uuid4().hex[:6]}"
@@ -467,11 +475,20 @@ async def test_provider_reconciles_exactly_the_slice(
             await eventually("out-dev taken on", lambda: all_taken_on(["out-dev"]))
 
             def saw_leave(ws: Workspace) -> Callable[[], bool]:
-                return lambda: any(
-                    line["cluster"] == ws.cluster and line["name"] == "in-b"
-                    and line["actions"] == ["gone"]
-                    for line in client.events("reconcile")
-                )  # fmt: skip
+                # in-b carries the provider's finalizer: leaving the slice it is shown being
+                # deleted, the provider releases it, and then it is gone from the slice
+                def lines(action: str) -> list[int]:
+                    return [
+                        i for i, line in enumerate(client.events("reconcile"))
+                        if line["cluster"] == ws.cluster and line["name"] == "in-b"
+                        and line["actions"] == [action]
+                    ]  # fmt: skip
+
+                return lambda: (
+                    bool(lines("finalizer-removed"))
+                    and bool(lines("gone"))
+                    and (lines("finalizer-removed")[0] < lines("gone")[-1])
+                )
 
             for ws in consumers:
                 await client.wait_until(f"in-b leaving in {ws.name}", saw_leave(ws), within=TIMEOUT)
@@ -495,20 +512,21 @@ async def test_provider_reconciles_exactly_the_slice(
     assert codes == {"provider": 0}, codes
     assert refused == {
         "patch out-foreign (never in the slice)": 404,
-        "remove in-b's finalizer (it left the slice)": 404,
+        "remove in-b's finalizer (released, out of the slice)": 404,
         "create an object outside the slice": 422,
         "relabel late out of the slice": 422,
     }, refused
-    # kcp: the slice's objects carry finalizer and status, the others nothing; in-b left with
-    # its finalizer (the orphan the README describes); the refused writes changed nothing
+    # kcp: the slice's objects carry finalizer and status, the others nothing; in-b left and
+    # was released by the provider; the refused writes changed nothing
     for ws in consumers:
         items = truth[ws.cluster]
         if ws == consumers[0]:
             assert "in-a" not in items, items
         else:
             assert taken_on(items["in-a"]), items
-        for name in ("late", "out-dev", "in-b"):
+        for name in ("late", "out-dev"):
             assert taken_on(items[name]), (ws.name, name, items[name])
+        assert FINALIZER not in items["in-b"]["metadata"].get("finalizers", []), items["in-b"]
         assert items["late"]["metadata"]["labels"] == labels
         assert items["in-b"]["metadata"]["labels"]["env"] == "dev"
         assert untouched(items["out-foreign"]), items["out-foreign"]
@@ -519,7 +537,11 @@ async def test_provider_reconciles_exactly_the_slice(
     read = [line for line in reconciles if "labels" in line]
     for line in read:
         assert line["namespace"] == namespace, line
-        assert {k: line["labels"].get(k) for k in labels} == labels, line
+        if line["name"] == "in-b" and line["labels"].get("env") == "dev":
+            # in-b after it left: still the provider's (its finalizer holds it) until released
+            assert line["actions"] in (["finalizer-removed"], ["deleting"], ["noop"]), line
+        else:
+            assert {k: line["labels"].get(k) for k in labels} == labels, line
         assert line["objectCluster"] == line["cluster"], line
     assert {(line["cluster"], line["name"]) for line in read} == {
         (ws.cluster, name) for ws in consumers for name in ("in-a", "in-b", "late", "out-dev")
@@ -547,7 +569,7 @@ async def refused_writes(provider: Provider, ws: Workspace, namespace: str) -> d
         "patch out-foreign (never in the slice)": (
             "PATCH", f"{collection}/out-foreign", {"metadata": {"annotations": {"x": "y"}}},
         ),
-        "remove in-b's finalizer (it left the slice)": (
+        "remove in-b's finalizer (released, out of the slice)": (
             "PATCH", f"{collection}/in-b", {"metadata": {"finalizers": None}},
         ),
         "create an object outside the slice": (

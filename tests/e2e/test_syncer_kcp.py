@@ -45,6 +45,10 @@ from tests.e2e.credentials import (
 )
 from tests.support.rest import RestCalls
 from tests.support.serve import NO_AUTH, serve_app
+from tests.support.watches import recording
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import SystemClock
+from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
@@ -592,9 +596,10 @@ async def _absent(env: SyncWorld, url: str) -> bool:
 # Several syncers on filtered endpoints
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
-    """vwserver's proxy in front of the export: slices ``eu`` (region=eu) and ``us``."""
+@contextlib.asynccontextmanager
+async def _regions(env: SyncWorld, *, cache: bool) -> AsyncIterator[dict[str, str]]:
+    """vwserver's proxy in front of the export: slices ``eu`` (region=eu) and ``us``, served
+    from the shared watch cache (the default) or all through to kcp."""
     auth = await load_kubeconfig(env.kcp.kubeconfig, context=env.kcp.admin_context)
     routes = Routes(
         RouteTable(
@@ -607,12 +612,32 @@ async def region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
             for region in ("eu", "us")
         )
     )
-    app = build_app(routes=routes, upstream=UpstreamClient(auth=auth), guard=NO_AUTH)
-    async with serve_app(app) as base:
+    async with contextlib.AsyncExitStack() as stack:
+        registry = None
+        if cache:
+            client = await stack.enter_async_context(KubeClient(auth=auth))
+            registry = CacheRegistry(client=client, clock=SystemClock())
+            stack.push_async_callback(registry.aclose)
+        app = build_app(
+            routes=routes, upstream=UpstreamClient(auth=auth), guard=NO_AUTH, cache=registry
+        )
+        base = await stack.enter_async_context(serve_app(app))
         yield {
             region: f"{base}/services/filtered-apiexport/{env.provider.cluster}/{region}"
             for region in ("eu", "us")
         }
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
+    async with _regions(env, cache=True) as urls:
+        yield urls
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def passthrough_region_urls(env: SyncWorld) -> AsyncIterator[dict[str, str]]:
+    async with _regions(env, cache=False) as urls:
+        yield urls
 
 
 async def test_two_syncers_split_by_region(env: SyncWorld, region_urls: dict[str, str]) -> None:
@@ -648,9 +673,10 @@ async def test_two_syncers_split_by_region(env: SyncWorld, region_urls: dict[str
 
 
 async def test_relabel_out_of_view_cleans_up_and_reports_stuck_finalizer(
-    env: SyncWorld, region_urls: dict[str, str]
+    env: SyncWorld, passthrough_region_urls: dict[str, str]
 ) -> None:
-    """What happens today when a consumer moves an object from ``region=eu`` to ``region=us``:
+    """What happens on slices served all through to kcp (``cache: false``: no holds, see
+    vwserver.holds) when a consumer moves an object from ``region=eu`` to ``region=us``:
 
     1. the ``eu`` syncer's filtered watch delivers DELETED (the object left the slice) while the
        object still carries ``sync.edge-connect.eu/syncer-eu``;
@@ -664,6 +690,7 @@ async def test_relabel_out_of_view_cleans_up_and_reports_stuck_finalizer(
     4. removing ``eu``'s finalizer by hand (as for any stuck finalizer) hands the object over:
        ``us`` adds its finalizer and syncs it, and a later deletion completes.
     """
+    region_urls = passthrough_region_urls
     ws = env.consumers["b"]
     name = unique("mover")
     eu_config = env.syncer_config("eu", urls=[region_urls["eu"]])
@@ -750,11 +777,6 @@ async def _stuck(syncer: Syncer, name: str) -> bool:
     return any(s["name"] == name for s in syncer.stuck_objects())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hard case (issue #6): a syncer cannot release its finalizer on an object that "
-    "left its filtered view; to be solved in the proxy — this test is the acceptance",
-)
 async def test_relabel_out_of_view_releases_the_finalizer(
     env: SyncWorld, region_urls: dict[str, str]
 ) -> None:
@@ -779,6 +801,64 @@ async def test_relabel_out_of_view_releases_the_finalizer(
             await eventually("eu's finalizer released", released, within=15)
         finally:
             await env.purge(ws, name)
+
+
+async def test_relabel_hands_over_downstream_in_order(
+    env: SyncWorld, region_urls: dict[str, str]
+) -> None:
+    """Syncers ``eu`` and ``us`` on the cached region slices, an object moved from
+    ``region=eu`` to ``region=us``: ``eu`` deletes its downstream copy and releases its
+    finalizer, and only then does ``us`` take the object on and create its copy. Read from the
+    watches of the downstream copy (eu's DELETED before us's ADDED) and of the kcp object (no
+    version ever carries both syncers' finalizers; eu's is gone before us's arrives)."""
+    ws = env.consumers["b"]
+    name = unique("handover")
+    only = {"fieldSelector": f"metadata.name={name}"}
+    async with (
+        running(env, env.syncer_config("eu", urls=[region_urls["eu"]])),
+        running(env, env.syncer_config("us", urls=[region_urls["us"]])),
+        recording(env.session, env.up_url(ws, "default"), **only) as upstream,
+        recording(env.session, env.down_url(env.down_ns(ws)), **only) as downstream,
+    ):
+        try:
+            await env.create(ws, name, region="eu")
+            await eventually("eu copy", lambda: _copy_owned_by(env, ws, name, "eu"))
+            await env.patch(
+                env.up_url(ws, "default", name), {"metadata": {"labels": {"region": "us"}}}
+            )
+            await eventually("us copy", lambda: _copy_owned_by(env, ws, name, "us"))
+            await downstream.wait_for(
+                "us's copy on the downstream watch",
+                lambda: next((e for e in downstream.events if _owner(e) == "us"), None),
+                within=WAIT,
+            )
+            up = await env.get(env.up_url(ws, "default", name))
+            assert up is not None
+            await upstream.wait_for(
+                "the kcp object's last version on its watch",
+                lambda: True if upstream.reached(int(up["metadata"]["resourceVersion"])) else None,
+                within=WAIT,
+            )
+        finally:
+            await env.purge(ws, name)
+    down = [(e["type"], _owner(e)) for e in downstream.events]
+    eu_deleted = down.index(("DELETED", "eu"))
+    us_added = down.index(("ADDED", "us"))
+    assert eu_deleted < us_added, down
+    assert all(owner == "eu" for _, owner in down[:eu_deleted]), down
+    versions = [e["object"]["metadata"] for e in upstream.events if e["type"] != "DELETED"]
+    fins = [(int(m["resourceVersion"]), set(m.get("finalizers") or [])) for m in versions]
+    assert not any({finalizer("eu"), finalizer("us")} <= f for _, f in fins), fins
+    # every version with eu's finalizer comes before every version with us's
+    last_eu = max(rv for rv, f in fins if finalizer("eu") in f)
+    first_us = min(rv for rv, f in fins if finalizer("us") in f)
+    assert last_eu < first_us, fins
+
+
+def _owner(event: dict[str, Any]) -> str | None:
+    """The syncer whose downstream copy a watch event carries."""
+    labels: dict[str, str] = event["object"]["metadata"].get("labels") or {}
+    return labels.get(LABEL_SYNCER)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,15 +5,13 @@
   ``<base>/clusters/down``, plus the core namespace and event endpoints the syncer uses there
   (the fake models only ``/apis``; these few routes are more explicit than its catch-all, so
   aiohttp's router picks them first).
-* :class:`Relay` — a TCP relay the test switches between forwarding and refusing (accept, then
-  close at once: the client sees a dropped connection, as when a cluster goes away), closing the
-  connections it forwards when it goes down. It counts refused connections, so a test can wait
-  for "the syncer retried N times" instead of for some seconds.
+
+The TCP relay the tests put in front of the downstream cluster (switched between forwarding and
+refusing) is :class:`tests.support.relay.Relay`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
@@ -149,76 +147,3 @@ async def downstream_fake() -> AsyncIterator[tuple[FakeUpstream, Namespaces, int
     async with start_fake_upstream(fake) as (_, url):
         port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
         yield fake, namespaces, port, prefix
-
-
-class Relay:
-    """A TCP relay to ``127.0.0.1:<target>`` on its own port; :meth:`up` forwards, :meth:`down`
-    refuses (and drops every forwarded connection). Starts down."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.port = 0
-        self.forwarding = False
-        self.refused = 0
-        """Connections refused while down (each one a retry of the client)."""
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Relay:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port or 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.down()
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def up(self) -> None:
-        self.forwarding = True
-
-    def down(self) -> None:
-        self.forwarding = False
-        for writer in list(self._open):
-            writer.transport.abort()
-        self._open.clear()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.forwarding:
-            self.refused += 1
-            writer.transport.abort()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._open |= {writer, up_writer}
-        pumps = [
-            asyncio.create_task(_pump(reader, up_writer)),
-            asyncio.create_task(_pump(up_reader, writer)),
-        ]
-        self._tasks.update(pumps)
-        try:
-            await asyncio.gather(*pumps, return_exceptions=True)
-        finally:
-            self._tasks.difference_update(pumps)
-            for w in (writer, up_writer):
-                self._open.discard(w)
-                w.transport.abort()
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.transport.abort()

@@ -18,17 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import CLUSTERS, PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
-from tests.support.serve import NO_AUTH, serve_app
+from tests.support.cache import cached_and_direct
 from vwserver.cache.registry import CacheRegistry
-from vwserver.clock import SystemClock
-from vwserver.k8s.client import KubeClient
-from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.metrics import ServerMetrics
-from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Routes
-from vwserver.server import build_app
 
 WAIT = 10.0
 PARTIAL = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
@@ -68,38 +61,9 @@ def seed(fake: FakeUpstream) -> None:
 
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
-    async with start_fake_upstream(FakeUpstream(bookmark_interval=0.2, history_size=50)) as (
-        fake,
-        vw_url,
-    ):
-        seed(fake)
-        origin = vw_url.removesuffix(fake.base_path)
-        auth = ClientAuth(server=origin, token=PROXY_TOKEN)
-        async with KubeClient(auth=auth) as client:
-            metrics = ServerMetrics()
-            registry = CacheRegistry(
-                client=client, clock=SystemClock(), idle_seconds=60, metrics=metrics
-            )
-            apps = [
-                build_app(
-                    routes=Routes(routes_for(vw_url)),
-                    upstream=UpstreamClient(auth=auth),
-                    page_size=2,
-                    guard=NO_AUTH,
-                    cache=cache,
-                    metrics=metrics if cache is not None else None,
-                )
-                for cache in (registry, None)
-            ]
-            try:
-                async with (
-                    serve_app(apps[0]) as cached,
-                    serve_app(apps[1]) as direct,
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as session,
-                ):
-                    yield Pair(fake, cached, direct, session, registry)
-            finally:
-                await registry.aclose()
+    upstream = FakeUpstream(bookmark_interval=0.2, history_size=50)
+    async with cached_and_direct(upstream, routes=routes_for, token=PROXY_TOKEN, seed=seed) as s:
+        yield Pair(s.fake, s.cached, s.direct, s.session, s.registry)
 
 
 def normal(doc: Any) -> Any:

@@ -8,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.integration.syncer_support import Relay
 from tests.support.clock import FakeClock
+from tests.support.relay import Relay
 from tests.support.serve import serve_app
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth

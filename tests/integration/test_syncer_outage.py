@@ -26,13 +26,13 @@ from fakekcp.upstream import FakeUpstream
 from tests.integration.syncer_support import (
     DOWN_CLUSTER,
     Namespaces,
-    Relay,
     downstream_fake,
     free_port,
     upstream_fake,
     widget,
     write_kubeconfig,
 )
+from tests.support.relay import Relay
 from vwserver.syncer.config import load_syncer_config
 from vwserver.syncer.naming import downstream_namespace
 from vwserver.syncer.runner import Syncer

@@ -1,4 +1,5 @@
-"""Read ``kubectl get -w -o json --output-watch-events`` output event by event in tests.
+"""Read ``kubectl get -w`` output in tests: event by event with ``-o json --output-watch-events``,
+or line by line as kubectl prints its table.
 
 kubectl prints each watch event as an indented JSON document, not one per line, so the stream
 is split with an incremental JSON decoder.
@@ -7,8 +8,12 @@ is split with an incremental JSON decoder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Coroutine
 from typing import Any
+
+from devenv.kcp import KcpInstance
 
 
 class JsonStream:
@@ -35,3 +40,50 @@ class JsonStream:
                 if not chunk:
                     raise AssertionError("the stream ended")
                 self._buffer += chunk.decode()
+
+
+async def watch_lines(
+    kcp: KcpInstance,
+    *args: str,
+    server: str,
+    until: str,
+    within: float,
+    then: Coroutine[Any, Any, None] | None = None,
+) -> list[str]:
+    """Run ``kubectl <args>`` (a ``get -w``, as kcp's admin, against ``server``) and return its
+    output lines up to the first that contains ``until``; ``then`` runs once kubectl printed its
+    first line (it has listed, and watches from the list's resourceVersion). Fails if that line
+    does not come within ``within`` seconds; kubectl is stopped either way."""
+    argv = [
+        f"--kubeconfig={kcp.kubeconfig}",
+        f"--context={kcp.admin_context}",
+        f"--server={server}",
+        *args,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        kcp.kubectl_binary,
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    lines: list[str] = []
+    started: asyncio.Task[None] | None = None
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(within):
+            async for raw in proc.stdout:
+                lines.append(raw.decode().rstrip())
+                if then is not None and started is None:
+                    started = asyncio.ensure_future(then)
+                if until in lines[-1]:
+                    return lines
+        raise AssertionError(f"kubectl {' '.join(args)} ended before {until}: {lines}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        if started is not None:
+            await started
+        elif then is not None:
+            then.close()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
-from vwserver.clock import SystemClock
+from vwserver.clock import Clock, SystemClock
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.listener import ConnectionLimits
@@ -28,12 +28,20 @@ async def slices_over_kcp(
     page_size: int,
     cache: bool | CacheRegistry = False,
     limits: ConnectionLimits | None = None,
+    hold_timeouts: Mapping[str, float] | None = None,
+    uncached: Collection[str] = (),
+    handoff_interval: float = 2.0,
+    clock: Clock | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``slices`` (name → selector, in the provider's workspace) over the demo export's
     virtual workspace, unauthenticated (``NO_AUTH``), vwserver reading kcp as kcp's admin;
     yields the server's base URL. A small ``page_size`` makes every list many upstream pages;
     ``cache``: LIST and WATCH are served from the shared watch cache (this registry, or a new
-    one reading kcp as its admin); ``limits``: the listener's (default: the config's)."""
+    one reading kcp as its admin, on ``clock``, default the system's), which also runs the
+    handoff loop every ``handoff_interval`` seconds; ``hold_timeouts``: per slice name, how
+    long it may hold an object leaving it; ``uncached``: slices whose reads always go to kcp
+    (they record no holds); ``limits``: the listener's (default: the
+    config's)."""
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
@@ -42,6 +50,8 @@ async def slices_over_kcp(
                 name=name,
                 selector=selector,
                 upstream_url=world.vw_url,
+                hold_timeout=(hold_timeouts or {}).get(name),
+                cache=name not in uncached,
             )
             for name, selector in slices.items()
         )
@@ -50,7 +60,7 @@ async def slices_over_kcp(
         registry = cache if isinstance(cache, CacheRegistry) else None
         if cache is True:
             client = await stack.enter_async_context(KubeClient(auth=auth))
-            registry = CacheRegistry(client=client, clock=SystemClock())
+            registry = CacheRegistry(client=client, clock=clock or SystemClock())
             stack.push_async_callback(registry.aclose)
         app = build_app(
             routes=routes,
@@ -58,5 +68,12 @@ async def slices_over_kcp(
             page_size=page_size,
             guard=NO_AUTH,
             cache=registry,
+            handoff_interval=handoff_interval,
         )
         yield await stack.enter_async_context(serve_app(app, limits=limits))
+
+
+def slice_url(base: str, world: Bootstrap, name: str, cluster: str) -> str:
+    """The URL of slice ``name`` (served by :func:`slices_over_kcp` at ``base``) for logical
+    cluster ``cluster`` (``*``: every consumer)."""
+    return f"{base}/services/filtered-apiexport/{world.provider.cluster}/{name}/clusters/{cluster}"

@@ -140,3 +140,134 @@ async def test_stopping_ends_subscriptions_and_waiters() -> None:
     assert subscription.stopped and not await waiting
     late = r.subscribe(from_rv=10, queue_size=5)
     assert late.stopped and r.subscribers == 0
+
+
+# --- writing from the fan-out (a consumer's DirectWriter) ---------------------------------------
+
+
+class Writer:
+    """A DirectWriter that records what it was handed and when it was flushed."""
+
+    def __init__(self, *, accept: bool = True) -> None:
+        self.accept = accept
+        self.taken: list[Change | Bookmark] = []
+        self.written: list[list[tuple[str, int]]] = []
+        self.ends = 0
+        self.fail = False
+
+    def take(self, item: Change | Bookmark) -> bool:
+        if self.fail:
+            raise RuntimeError("broken connection")
+        if self.accept:
+            self.taken.append(item)
+        return self.accept
+
+    def flush(self) -> None:
+        if self.taken:
+            self.written.append(rvs(list(self.taken)))
+            self.taken.clear()
+
+    def ended(self) -> None:
+        self.ends += 1
+
+
+async def waiting(subscription: Subscription) -> asyncio.Task[Change | Bookmark]:
+    """The consumer, waiting in ``__anext__`` with nothing to read."""
+    task = asyncio.ensure_future(anext(subscription))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()
+    return task
+
+
+async def test_a_waiting_consumer_is_not_woken_its_writer_takes_a_turn_in_one_flush() -> None:
+    r = resource()
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    writer = Writer()
+    subscription.attach(writer)
+    consumer = await waiting(subscription)
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    r.on_event("ADDED", make(KEYS[2], {}, 12))
+    r.on_bookmark("13")
+    assert writer.written == [] and subscription.depth == 0  # flushed at the end of the turn
+    await asyncio.sleep(0)
+    assert writer.written == [[("ADDED", 11), ("ADDED", 12), ("bookmark", 13)]]
+    assert not consumer.done()  # never woken
+    r.on_event("ADDED", make(KEYS[3], {}, 14))
+    await asyncio.sleep(0)
+    assert writer.written[1:] == [[("ADDED", 14)]] and not consumer.done()
+    consumer.cancel()
+
+
+async def test_once_a_change_is_queued_every_later_one_is_until_the_consumer_waits_again() -> None:
+    r = resource()
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    writer = Writer(accept=False)  # e.g. the client's connection has unsent bytes
+    subscription.attach(writer)
+    consumer = await waiting(subscription)
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    writer.accept = True  # the connection drained meanwhile: still the queue, for the order
+    r.on_event("ADDED", make(KEYS[2], {}, 12))
+    assert writer.taken == [] and subscription.depth == 2
+    assert rvs([await consumer]) == [("ADDED", 11)]
+    assert rvs(await collect(subscription)) == [("ADDED", 12)]
+    consumer = await waiting(subscription)  # waiting again with nothing queued ...
+    r.on_event("ADDED", make(KEYS[3], {}, 13))
+    await asyncio.sleep(0)
+    assert writer.written == [[("ADDED", 13)]]  # ... so the writer takes the next one
+    consumer.cancel()
+
+
+async def test_the_window_backlog_is_read_before_a_writer_takes_anything() -> None:
+    r = resource()
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    subscription = r.subscribe(from_rv=10, queue_size=5)
+    writer = Writer()
+    subscription.attach(writer)
+    r.on_event("ADDED", make(KEYS[2], {}, 12))  # the consumer has not read its backlog yet
+    assert writer.taken == [] and subscription.depth == 1
+    assert rvs(await collect(subscription)) == [("ADDED", 11), ("ADDED", 12)]
+
+
+async def test_a_failing_writer_falls_back_to_its_queue_and_spares_the_others() -> None:
+    r = resource()
+    broken, fine = (r.subscribe(from_rv=10, queue_size=5) for _ in range(2))
+    bad, good = Writer(), Writer()
+    bad.fail = True
+    broken.attach(bad)
+    fine.attach(good)
+    waiters = [await waiting(s) for s in (broken, fine)]
+    r.on_event("ADDED", make(KEYS[1], {}, 11))
+    await asyncio.sleep(0)
+    assert good.written == [[("ADDED", 11)]]
+    assert rvs([await waiters[0]]) == [("ADDED", 11)]  # through the queue instead
+    bad.fail = False
+    r.on_event("ADDED", make(KEYS[2], {}, 12))
+    assert bad.taken == [] and broken.depth == 1  # detached from the failed writer
+    waiters[1].cancel()
+
+
+async def test_a_writer_hears_of_an_end_only_while_its_consumer_is_busy() -> None:
+    r = resource()
+    idle, busy = (r.subscribe(from_rv=10, queue_size=1) for _ in range(2))
+    idle_writer, busy_writer = Writer(), Writer(accept=False)
+    idle.attach(idle_writer)
+    busy.attach(busy_writer)
+    consumer = await waiting(idle)
+    r.on_event("ADDED", make(KEYS[1], {}, 11))  # busy queues it: its consumer is not reading
+    r.on_event("ADDED", make(KEYS[2], {}, 12))  # and overflows
+    assert busy.overflowed and busy_writer.ends == 1
+    idle.close()
+    assert idle_writer.ends == 0  # its consumer wakes up and finishes by itself
+    with pytest.raises(StopAsyncIteration):
+        await consumer
+
+
+async def test_one_bookmark_object_for_every_subscription_newer_than_theirs() -> None:
+    r = resource()
+    early, late = r.subscribe(from_rv=10, queue_size=5), r.subscribe(from_rv=20, queue_size=5)
+    r.on_bookmark("15")  # not for late: it asked for what comes after 20
+    assert (early.depth, late.depth) == (1, 0)
+    r.on_bookmark("25")  # replaces the one still queued
+    (mine,), (theirs,) = await collect(early), await collect(late)
+    assert mine == Bookmark(25) and mine is theirs

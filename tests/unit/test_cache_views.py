@@ -192,7 +192,6 @@ def meta(*, name: str = "x", namespace: str = "a", cluster: str = "c1", **labels
         cluster=cluster,
         namespace=namespace,
         name=name,
-        uid="u",
         resource_version=1,
         labels=labels,
         annotations={},

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"server", "listener", "syncer", "clientconfig"},
     {"proxy", "controller"},
     {"auth", "routes", "cache"},
-    {"k8s", "selector", "config", "names"},
+    {"k8s", "selector", "holds", "config", "names"},
     {"errors", "clock", "logs", "metrics", "health", "__init__"},
 ]
 INDEPENDENT = ("proxy", "controller", "syncer")

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from vwserver.controller import consent
+from vwserver.controller.handoff import StuckHolds
 from vwserver.controller.slice_status import (
     CONSENT_UNKNOWN,
     NOT_PERMITTED,
@@ -251,3 +252,31 @@ def test_the_consent_review_asks_for_the_synthetic_subject_only() -> None:
             },
         },
     }
+
+
+def test_holds_released_condition_counts_stuck_holds() -> None:
+    stuck = {"slicews/prod": StuckHolds(count=2, oldest="2026-12-01T10:00:00Z")}
+    out = desired(
+        slice_obj(), lookup=found(VW), external_url="https://vw", now="T1", stuck_holds=stuck.get
+    )
+    assert conditions(out.status)["HoldsReleased"] == ("False", "StuckHolds")
+    message = next(c["message"] for c in out.status["conditions"] if c["type"] == "HoldsReleased")
+    assert "2 object(s)" in message and "2026-12-01T10:00:00Z" in message
+    fine = desired(
+        slice_obj(), lookup=found(VW), external_url="https://vw", now="T1", stuck_holds={}.get
+    )
+    assert conditions(fine.status)["HoldsReleased"] == ("True", "NoStuckHolds")
+    assert conditions(fine.status)["Ready"] == ("True", "Serving")
+
+
+def test_hold_timeout_comes_from_the_spec() -> None:
+    obj = slice_obj()
+    obj["spec"]["holdTimeoutSeconds"] = 600
+    out = desired(obj, lookup=found(VW), external_url="https://vw", now="T1")
+    assert out.route.hold_timeout == 600.0
+    assert (
+        desired(
+            slice_obj(), lookup=found(VW), external_url="https://vw", now="T1"
+        ).route.hold_timeout
+        is None
+    )

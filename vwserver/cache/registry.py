@@ -6,8 +6,9 @@ it runs only while someone uses it: :meth:`CacheRegistry.acquire` starts it for 
 and the end of its last subscription start an idle period, and a resource still unused
 ``idle_seconds`` later is stopped and forgotten. The idle period runs on the injected
 :class:`~vwserver.clock.Clock`, so tests drive it with fake time. Resources are keyed by
-(upstream virtual-workspace URL, API path): slices of one export share them, and each upstream
-shard has its own.
+(upstream virtual-workspace URL, API path, representation): slices of one export share them,
+each upstream shard has its own, and a collection read as Tables (``kubectl get``) is a resource
+of its own (:meth:`CacheRegistry.acquire_table`, :mod:`vwserver.cache.table_resource`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 from typing import Any
 
 from vwserver.cache.shared import SharedResource
+from vwserver.cache.table_resource import SharedTable
 from vwserver.clock import Clock
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
@@ -23,7 +25,12 @@ from vwserver.metrics import ServerMetrics
 
 __all__ = ["CacheRegistry"]
 
-ResourceKey = tuple[str, str]
+ResourceKey = tuple[str, str, bool]
+"""(upstream, API path, as Table rows)"""
+
+
+def _key(resource: SharedResource) -> ResourceKey:
+    return (resource.upstream, resource.api_path, resource.table)
 
 
 class CacheRegistry:
@@ -60,22 +67,37 @@ class CacheRegistry:
         """The running shared resource for ``api_path`` (e.g. ``/apis/g/v/widgets``) in the
         virtual workspace ``upstream``, started if it is not; hold it until :meth:`release`.
         It may not have synced yet (:meth:`SharedResource.wait_synced`)."""
+        return self._acquire((upstream.rstrip("/"), api_path, False))
+
+    async def acquire_table(self, *, upstream: str, api_path: str) -> SharedTable:
+        """:meth:`acquire` for the collection as Table rows (what ``kubectl get`` reads)."""
+        resource = self._acquire((upstream.rstrip("/"), api_path, True))
+        assert isinstance(resource, SharedTable)
+        return resource
+
+    def _acquire(self, key: ResourceKey) -> SharedResource:
         if self._closed:
             raise RuntimeError("the cache registry is closed")
-        key = (upstream.rstrip("/"), api_path)
         resource = self._resources.get(key)
         if resource is None:
-            resource = SharedResource(
-                client=self._client,
-                clock=self._clock,
-                upstream=key[0],
-                api_path=api_path,
-                window=self._window,
-                page_size=self._page_size,
-                watch_timeout=self._watch_timeout,
-                backoff=self._backoff,
-                metrics=self._metrics,
-            )
+            upstream, api_path, table = key
+            options: dict[str, Any] = {
+                "client": self._client,
+                "clock": self._clock,
+                "upstream": upstream,
+                "api_path": api_path,
+                "window": self._window,
+                "page_size": self._page_size,
+                "watch_timeout": self._watch_timeout,
+                "backoff": self._backoff,
+                "metrics": self._metrics,
+            }
+            if table:
+                resource = SharedTable(
+                    **options, sibling=lambda: self._resources.get((upstream, api_path, False))
+                )
+            else:
+                resource = SharedResource(**options)
             resource.on_idle = self._idle
             self._resources[key] = resource
             resource.start()
@@ -93,7 +115,7 @@ class CacheRegistry:
         if resource.idle and not resource.synced:
             # Never synced and nobody waits: a resource the upstream does not serve (a typo in
             # a client's path) must not keep a reflector retrying for the idle period.
-            key = (resource.upstream, resource.api_path)
+            key = _key(resource)
             if self._resources.get(key) is resource:
                 del self._resources[key]
                 task = asyncio.create_task(resource.stop(), name=f"cache stop {resource.url}")
@@ -114,6 +136,19 @@ class CacheRegistry:
             *timers, *stopping, *(r.stop() for r in resources), return_exceptions=True
         )
 
+    @property
+    def client(self) -> KubeClient:
+        """vwserver's own client of the upstreams (the identity the cache reads with)."""
+        return self._client
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def resources(self) -> list[SharedResource]:
+        """The running shared resources."""
+        return list(self._resources.values())
+
     def stats(self) -> list[dict[str, Any]]:
         """Per resource: url, objects, raw_bytes, window, rv, oldest_rv, synced, last_error,
         subscribers, users, max_queue_depth."""
@@ -124,7 +159,7 @@ class CacheRegistry:
 
     def _idle(self, resource: SharedResource) -> None:
         """``resource`` became idle: stop it unless it is used again within the idle period."""
-        key = (resource.upstream, resource.api_path)
+        key = _key(resource)
         if self._closed or self._resources.get(key) is not resource:
             return
         previous = self._timers.pop(key, None)

@@ -19,6 +19,15 @@ The fan-out follows the apiserver's cacher:
   (``overflowed``) — the cacher terminates a watcher that cannot keep up, and client-go
   re-watches from the last resourceVersion it received (from the window, or with a relist if
   that has left it).
+* **A client that keeps up costs no wake-up.** Waking one coroutine per watcher for every
+  change is what a fan-out to a thousand watchers spends most of its time on. A consumer that
+  waits with nothing queued may attach a :class:`DirectWriter`: the fan-out hands it the change
+  synchronously (it writes to the client's connection if that has nothing unsent, or declines),
+  and only a declined change goes through the queue and wakes the consumer. What a writer
+  took is flushed once per turn of the event loop (:meth:`DirectWriter.flush`), so a burst of
+  changes is one write per client. Order holds because a change is offered to the writer only
+  while the consumer waits with an empty queue and backlog: once one change is queued, every
+  later one is queued too until the consumer has written them and waits again.
 * **A relist ends every watch** (``relisted``): after a 410 upstream the changes in between are
   unknown, so no watch can be continued exactly; the cacher terminates all watchers too.
 * **Bookmarks**: every upstream bookmark at or beyond the store's resourceVersion reaches every
@@ -37,8 +46,8 @@ import logging
 import random
 from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, cast
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, cast
 
 import msgspec
 
@@ -51,7 +60,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.reflector import RawReflector
 from vwserver.metrics import ServerMetrics
 
-__all__ = ["Bookmark", "SharedResource", "Subscription"]
+__all__ = ["Bookmark", "DirectWriter", "SharedResource", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +73,55 @@ STOPPED: Final = "stopped"  # the resource stopped (idle, or vwserver shuts down
 
 @dataclass(frozen=True, slots=True)
 class Bookmark:
-    """The store reached ``rv`` without a change for this subscription to receive."""
+    """The store reached ``rv`` without a change for this subscription to receive. One
+    upstream bookmark is one object for every subscription it reaches."""
 
     rv: int
+    lines: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    """Memo of encoded lines shared by every client that sends it the same way (as
+    :attr:`~vwserver.cache.entries.Change.lines`)."""
+
+
+Item = Change | Bookmark
+
+
+class DirectWriter(Protocol):
+    """Writes a subscription's items to its client from the fan-out itself, while the consumer
+    waits with nothing queued (see the module docstring). Called synchronously, on the loop."""
+
+    def take(self, item: Item) -> bool:
+        """Send ``item`` (or decide that this client sends nothing for it); False when the
+        client cannot take it now (its connection has unsent bytes, or is closing): the item
+        then goes through the queue, and the consumer writes it with backpressure."""
+        ...
+
+    def flush(self) -> None:
+        """Write what :meth:`take` accepted in this turn of the event loop."""
+        ...
+
+    def ended(self) -> None:
+        """The subscription ended while its consumer was not waiting for items (it may be
+        blocked writing to a client that does not read)."""
+        ...
 
 
 class Subscription:
     """One client's stream of a shared resource: the window's changes after ``from_rv``, then
     live changes and bookmarks, until it is ended (:attr:`ended` says why). Iterate it; the
     iteration stops, without a further item, as soon as it is ended."""
+
+    __slots__ = (
+        "_backlog",
+        "_direct",
+        "_next",
+        "_owner",
+        "_queue",
+        "_waiter",
+        "ended",
+        "from_rv",
+        "max_depth",
+        "queue_size",
+    )
 
     def __init__(
         self, *, owner: SharedResource, from_rv: int, queue_size: int, backlog: list[Change]
@@ -88,8 +137,11 @@ class Subscription:
         self._owner = owner
         self._backlog = backlog
         self._next = 0
-        self._queue: collections.deque[Change | Bookmark] = collections.deque()
-        self._wakeup = asyncio.Event()
+        # Created on first use: a watcher whose writer takes every change never queues one.
+        self._queue: collections.deque[Item] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        """Set while the consumer waits in ``__anext__`` with nothing to read."""
+        self._direct: DirectWriter | None = None
 
     @property
     def overflowed(self) -> bool:
@@ -106,7 +158,12 @@ class Subscription:
     @property
     def depth(self) -> int:
         """Live items waiting in the queue (the backlog is the window's, not counted)."""
-        return len(self._queue)
+        return len(self._queue) if self._queue is not None else 0
+
+    def attach(self, writer: DirectWriter | None) -> None:
+        """Let the fan-out hand items to ``writer`` while the consumer waits with nothing
+        queued (None: every item through the queue again)."""
+        self._direct = writer
 
     def close(self) -> None:
         """Stop receiving (idempotent)."""
@@ -115,7 +172,7 @@ class Subscription:
     def __aiter__(self) -> Subscription:
         return self
 
-    async def __anext__(self) -> Change | Bookmark:
+    async def __anext__(self) -> Item:
         while True:
             if self.ended is not None:
                 raise StopAsyncIteration
@@ -125,41 +182,55 @@ class Subscription:
                 return change
             if self._queue:
                 return self._queue.popleft()
-            self._wakeup.clear()
-            await self._wakeup.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     # --- called by the owner (synchronously, from the reflector's handlers) ----------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _offer(self, change: Change) -> bool:
         """Queue ``change``; False if the queue is full (the caller ends the subscription)."""
         queue = self._queue
-        if len(queue) >= self.queue_size:
+        if queue is None:
+            queue = self._queue = collections.deque()
+        elif len(queue) >= self.queue_size:
             return False
         queue.append(change)
         if len(queue) > self.max_depth:
             self.max_depth = len(queue)
-        self._wakeup.set()
+        self._wake()
         return True
 
-    def _offer_bookmark(self, rv: int) -> None:
-        if rv <= self.from_rv:
-            return
+    def _offer_bookmark(self, bookmark: Bookmark) -> None:
         queue = self._queue
+        if queue is None:
+            queue = self._queue = collections.deque()
         if queue and isinstance(queue[-1], Bookmark):
-            queue[-1] = Bookmark(rv)
+            queue[-1] = bookmark
         elif len(queue) < self.queue_size:
-            queue.append(Bookmark(rv))
+            queue.append(bookmark)
         else:
             return
-        self._wakeup.set()
+        self._wake()
 
     def _end(self, reason: str) -> None:
         if self.ended is not None:
             return
         self.ended = reason
-        self._queue.clear()
+        if self._queue is not None:
+            self._queue.clear()
         self._backlog = []
-        self._wakeup.set()
+        direct, self._direct = self._direct, None
+        if direct is not None and self._waiter is None:
+            direct.ended()
+        self._wake()
         self._owner._detach(self)
 
 
@@ -187,11 +258,15 @@ class SharedResource:
         backoff: Backoff | None = None,
         metrics: ServerMetrics | None = None,
         rand: Callable[[], float] = random.random,
+        table: bool = False,
     ) -> None:
         if not api_path.startswith(("/api/", "/apis/")):
             raise ValueError(f"not an API collection path: {api_path!r}")
         self.upstream = upstream.rstrip("/")
         self.api_path = api_path
+        self.table = table
+        """The collection as ``meta.k8s.io`` Table rows (:mod:`vwserver.cache.table_resource`)
+        instead of objects: the reflector's table mode, ``_decode`` gets rows."""
         self.url = kcp.clusters(self.upstream) + api_path
         self.store = Store(window=window)
         self.users = 0
@@ -213,8 +288,12 @@ class SharedResource:
             backoff=backoff,
             on_restart=self._restarted,
             rand=rand,
+            table=table,
         )
         self._subscriptions: dict[Subscription, None] = {}  # insertion-ordered set
+        self._taken: list[DirectWriter] = []
+        """Writers that took items in this turn of the event loop, to flush at its end."""
+        self._flush_handle: asyncio.Handle | None = None
         self._synced = asyncio.Event()
         self._failed = asyncio.Event()
         """Set when a list or watch failed before the first list completed."""
@@ -381,8 +460,11 @@ class SharedResource:
         change = self.store.apply(cast(ChangeType, kind), item)
         if change is not None:
             overflowed: list[Subscription] = []
+            rv = change.rv
             for subscription in self._subscriptions:
-                if change.rv > subscription.from_rv and not subscription._offer(change):
+                if rv <= subscription.from_rv or self._took(subscription, change):
+                    continue
+                if not subscription._offer(change):
                     overflowed.append(subscription)
             for subscription in overflowed:
                 log.info(
@@ -401,13 +483,48 @@ class SharedResource:
         if rv < self.store.rv:
             return  # older than what the store has seen: says nothing new
         # Also at the store's rv: a client that filtered out the last changes learns that it
-        # has everything up to here (where it resumes after a disconnect).
+        # has everything up to here (where it resumes after a disconnect). A full queue skips
+        # it (the next change carries the progress anyway).
+        bookmark = Bookmark(rv)
         for subscription in self._subscriptions:
-            subscription._offer_bookmark(rv)
+            if rv > subscription.from_rv and not self._took(subscription, bookmark):
+                subscription._offer_bookmark(bookmark)
         if advanced:
             self._advanced()
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _took(self, subscription: Subscription, item: Item) -> bool:
+        """Whether the subscription's writer took ``item`` (its consumer waits with nothing
+        queued); the writer is flushed at the end of this turn of the event loop."""
+        writer = subscription._direct
+        if writer is None:
+            return False
+        waiter = subscription._waiter  # only a consumer that waits with nothing queued
+        if waiter is None or waiter.done() or subscription._queue:
+            return False
+        try:
+            took = writer.take(item)
+        except Exception:
+            # A writer's failure must not stop the fan-out to everyone else: this one goes
+            # back to its queue, whose consumer meets the same failure itself.
+            log.exception("%s: writing to a watch failed", self.url)
+            subscription._direct = None
+            return False
+        if took:
+            self._taken.append(writer)
+            if self._flush_handle is None:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+        return took
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        taken, self._taken = self._taken, []
+        for writer in taken:
+            try:
+                writer.flush()
+            except Exception:
+                log.exception("%s: writing to a watch failed", self.url)
 
     def _decode(self, raw: msgspec.Raw) -> Entry:
         return entry(raw, interner=self._interner)

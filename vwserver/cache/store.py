@@ -5,9 +5,10 @@ page as of the first page's resourceVersion although the objects keep changing m
 apiserver's watch cache answers both from memory: the current objects plus a bounded window of
 recent changes. :class:`Store` is that for one (upstream URL, resource):
 
-* **Current state**: one :class:`~vwserver.cache.entries.Entry` per key, and the keys in a sorted
-  list maintained on every insert and delete (``bisect``), so a page starts with a binary search
-  instead of a sort.
+* **Current state**: one :class:`~vwserver.cache.entries.Entry` per key, in one list sorted by
+  key and maintained on every insert and delete (``bisect``): a page starts with a binary
+  search instead of a sort, and a lookup is one too. No hash index beside it: it would cost
+  about 30 bytes per object for lookups that happen once per upstream event.
 * **Window**: the last ``window`` changes, each referencing the entries before and after it (the
   same objects the state holds: nothing is copied per change). ``oldest_rv`` is the bound below
   which changes are no longer complete: the list's resourceVersion after a (re)list, then the
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
+import operator
 from collections.abc import Callable
 from typing import Final
 
@@ -66,6 +69,10 @@ def _accept_all(_: Entry) -> bool:
     return True
 
 
+_key: Final[Callable[[Entry], Key]] = operator.attrgetter("meta.key")
+"""What the entries are sorted by (for ``bisect``)."""
+
+
 class Store:
     """One resource's objects at :attr:`rv` and its last ``window`` changes."""
 
@@ -81,13 +88,13 @@ class Store:
         """Set by the first :meth:`replace`."""
         self.raw_bytes = 0
         """The bytes of the current objects' JSON (what the store holds at the least)."""
-        self._objects: dict[Key, Entry] = {}
-        self._keys: list[Key] = []
+        self._entries: list[Entry] = []
+        """The current objects, sorted by key."""
         self._window: collections.deque[Change] = collections.deque()
         self._overlays: dict[int, _Overlay] = {}
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return len(self._entries)
 
     @property
     def window_size(self) -> int:
@@ -95,21 +102,30 @@ class Store:
         return len(self._window)
 
     def get(self, key: Key) -> Entry | None:
-        return self._objects.get(key)
+        entries = self._entries
+        index = bisect.bisect_left(entries, key, key=_key)
+        if index < len(entries) and entries[index].meta.key == key:
+            return entries[index]
+        return None
 
     # --- writes: the reflector's list, events and bookmarks --------------------------------------
 
     def replace(self, entries: list[Entry], rv: int) -> None:
         """A (re)list: the collection is exactly ``entries`` at ``rv``; the window starts over
         (changes before a relist are unknown, so nothing older than ``rv`` can be served)."""
-        objects: dict[Key, Entry] = {}
-        for item in entries:
-            objects[item.key] = item
-        self._objects = objects
-        self._keys = sorted(objects)
+        # A stable sort keeps a key's entries in list order: the last of each run is kept.
+        ordered = sorted(entries, key=_key)
+        current = [
+            item
+            for item, following in itertools.pairwise(ordered)
+            if item.meta.key != following.meta.key
+        ]
+        if ordered:
+            current.append(ordered[-1])
+        self._entries = current
         self._window.clear()
         self._overlays.clear()
-        self.raw_bytes = sum(len(item.raw) for item in objects.values())
+        self.raw_bytes = sum(len(item.raw) for item in current)
         self.rv = rv
         self.oldest_rv = rv
         self.synced = True
@@ -126,23 +142,26 @@ class Store:
         if rv <= self.rv:
             return None
         key = obj.key
-        prev = self._objects.get(key)
+        entries = self._entries
+        index = bisect.bisect_left(entries, key, key=_key)
+        prev = entries[index] if index < len(entries) else None
+        if prev is not None and prev.meta.key != key:
+            prev = None
         if prev is not None and rv <= prev.meta.resource_version:
             return None
         if type == "DELETED":
             self.rv = rv
             if prev is None:
                 return None
-            del self._objects[key]
-            del self._keys[bisect.bisect_left(self._keys, key)]
+            del entries[index]
             self.raw_bytes -= len(prev.raw)
             change = Change("DELETED", rv, prev, None, deleted=obj)
         elif type in ("ADDED", "MODIFIED"):
             self.rv = rv
-            self._objects[key] = obj
             if prev is None:
-                bisect.insort(self._keys, key)
+                entries.insert(index, obj)
             else:
+                entries[index] = obj
                 self.raw_bytes -= len(prev.raw)
             self.raw_bytes += len(obj.raw)
             change = Change("ADDED" if prev is None else "MODIFIED", rv, prev, obj)
@@ -178,8 +197,7 @@ class Store:
 
     def snapshot(self) -> list[Entry]:
         """The current objects, by key."""
-        objects = self._objects
-        return [objects[key] for key in self._keys]
+        return list(self._entries)
 
     def state_at(self, rv: int) -> list[Entry]:
         """The objects as they were at ``rv`` (the current ones for ``rv`` at or beyond
@@ -203,12 +221,12 @@ class Store:
         changes since ``rv``; never a sort of the whole collection.
         """
         self._check(rv)
-        keys, objects = self._keys, self._objects
-        start = 0 if after is None else bisect.bisect_right(keys, after)
+        entries = self._entries
+        start = 0 if after is None else bisect.bisect_right(entries, after, key=_key)
         items: list[Entry] = []
         if rv >= self.rv or not self._window or self._window[-1].rv <= rv:
-            for index in range(start, len(keys)):
-                item = objects[keys[index]]
+            for index in range(start, len(entries)):
+                item = entries[index]
                 if accept(item):
                     if limit and len(items) == limit:
                         return items, items[-1].key
@@ -217,19 +235,20 @@ class Store:
         overlay = self._overlay(rv)
         values, changed = overlay.values, overlay.keys
         i, j = start, 0 if after is None else bisect.bisect_right(changed, after)
-        ni, nj = len(keys), len(changed)
-        # Merge the current keys with the keys changed since rv (some of which no longer
+        ni, nj = len(entries), len(changed)
+        # Merge the current entries with the keys changed since rv (some of which no longer
         # exist); a changed key takes its value at rv, which may be "absent".
+        then: Entry | None
         while i < ni or j < nj:
-            if j == nj or (i < ni and keys[i] < changed[j]):
-                key = keys[i]
+            if j == nj or (i < ni and entries[i].meta.key < changed[j]):
+                then = entries[i]
                 i += 1
             else:
                 key = changed[j]
-                if i < ni and keys[i] == key:
+                if i < ni and entries[i].meta.key == key:
                     i += 1
                 j += 1
-            then = values[key] if key in values else objects[key]
+                then = values[key]
             if then is not None and accept(then):
                 if limit and len(items) == limit:
                     return items, items[-1].key

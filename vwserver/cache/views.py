@@ -6,7 +6,9 @@ object's decoded metadata alone, in three layers:
 * **Membership** (:func:`visible`): whether an object belongs to a slice. It is the *one*
   membership function — every read path (LIST pages, GET from the cache, watch transitions) asks
   it and nothing else, so that a richer membership (the handoff between slices, which depends on
-  finalizers and an annotation) changes one function. Today: the slice's label selector.
+  finalizers and an annotation) changes one function: :func:`vwserver.holds.sees` — the
+  slice's label selector, and the holds that keep an object moving between slices in the
+  slice it leaves until that slice lets go (and out of the one it enters until then).
 * **The client's own filter** (:class:`ClientFilter`): the logical cluster and namespace of the
   request path, and the client's ``labelSelector`` and ``fieldSelector``, with the apiserver's
   semantics. Field selectors follow ``k8s.io/apimachinery/pkg/fields`` (``ParseSelector``: terms
@@ -32,6 +34,7 @@ import msgspec
 
 from vwserver.cache.entries import Change, ChangeType, Entry, Meta
 from vwserver.errors import BadRequest
+from vwserver.holds import Member, leaving_since, sees
 from vwserver.selector import Selector
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "SliceView",
     "accepts",
     "departed",
+    "leaving",
     "parse_field_selector",
     "transition",
     "visible",
@@ -53,16 +57,26 @@ __all__ = [
 # --- membership -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class SliceView:
-    """What decides a slice's membership."""
-
-    selector: Selector
+SliceView = Member
+"""What decides a slice's membership: its id, its selector and its peers' selectors (the
+holds between slices, :mod:`vwserver.holds`)."""
 
 
 def visible(view: SliceView, meta: Meta) -> bool:
     """Whether the object with ``meta`` belongs to the slice ``view``."""
-    return view.selector.matches(meta.labels)
+    return sees(view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers)
+
+
+def leaving(view: SliceView, meta: Meta) -> str | None:
+    """When the object with ``meta`` started leaving ``view`` (``""``: not recorded yet, and
+    the view's ``unrecorded`` is told), or None when it is not leaving
+    (:func:`vwserver.holds.leaving_since`)."""
+    since = leaving_since(
+        view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+    )
+    if since == "" and view.unrecorded is not None:
+        view.unrecorded()
+    return since
 
 
 # --- field selectors ----------------------------------------------------------------------------

@@ -143,6 +143,9 @@ class SliceConfig(_Strict):
     # Serve this slice's LIST and WATCH from the shared watch cache (when ``cache.enabled``);
     # false: every request goes to kcp (the pass-through path).
     cache: bool = True
+    # Seconds the slice may hold an object that is leaving it (a finalizer added through the
+    # slice is still on it) before vwserver removes the slice's finalizers; None: no limit.
+    hold_timeout_seconds: float | None = None
 
 
 class ControllerExport(_Strict):
@@ -297,6 +300,8 @@ def _validate(config: Config, *, base_dir: Path) -> None:
             raise ConfigError(f"{field}.name", f"{s.name!r} is not a valid object name")
         if (s.cluster, s.name) in seen:
             raise ConfigError(field, f"duplicate slice {s.cluster}/{s.name}")
+        if s.hold_timeout_seconds is not None and s.hold_timeout_seconds <= 0:
+            raise ConfigError(f"{field}.holdTimeoutSeconds", "must be positive")
         seen.add((s.cluster, s.name))
         if s.export is None and s.upstream_url is None:
             raise ConfigError(field, "set export {cluster, name} or upstreamURL")

@@ -17,12 +17,14 @@ not-ready route without an upstream URL.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vwserver.controller import consent
+from vwserver.controller.handoff import StuckHolds
 from vwserver.errors import SelectorError
+from vwserver.holds import slice_id
 from vwserver.k8s import kcp
 from vwserver.routes import Route
 from vwserver.selector import Selector
@@ -98,8 +100,12 @@ def desired(
     external_url: str,
     previous: Sequence[Mapping[str, Any]] = (),
     now: str,
+    stuck_holds: Callable[[str], StuckHolds | None] | None = None,
 ) -> Outcome:
-    """The slice's desired status and route from the facts gathered about it."""
+    """The slice's desired status and route from the facts gathered about it.
+    ``stuck_holds``: the handoff loop's count of objects that have been leaving a slice for too
+    long (:meth:`vwserver.controller.handoff.Handoff.stuck`), for the ``HoldsReleased``
+    condition (None: no such condition, the server runs no handoff)."""
     cluster, name = slice_key(obj)
     generation = int((obj.get("metadata") or {}).get("generation") or 0)
     selector, selector_problem = parse_selector(obj)
@@ -145,6 +151,25 @@ def desired(
     urls = kcp.slice_endpoint_urls(
         external_url=external_url, cluster=cluster, name=name, upstreams=upstreams
     )
+    if stuck_holds is not None:
+        stuck = stuck_holds(slice_id(cluster, name))
+        if stuck is None:
+            condition(
+                "HoldsReleased",
+                True,
+                "NoStuckHolds",
+                "no object has been leaving this slice for long with the slice's finalizers on it",
+            )
+        else:
+            condition(
+                "HoldsReleased",
+                False,
+                "StuckHolds",
+                f"{stuck.count} object(s) have been leaving this slice since {stuck.oldest} or "
+                "longer without the slice's finalizers being released; release them through the "
+                "slice, end them with the sync.edge-connect.eu/release annotation, or set "
+                "holdTimeoutSeconds",
+            )
     if not_ready is None:
         condition("Ready", True, "Serving", f"serving {len(urls)} endpoint(s)")
     else:
@@ -161,8 +186,15 @@ def desired(
         upstream_url=upstreams[0] if upstreams else "",
         shards={kcp.shard_id(u): u for u in upstreams} if len(upstreams) > 1 else {},
         not_ready=not_ready,
+        hold_timeout=_hold_timeout(obj),
     )
     return Outcome(status=status, route=route)
+
+
+def _hold_timeout(obj: Mapping[str, Any]) -> float | None:
+    """``spec.holdTimeoutSeconds`` (kcp validated it: an integer of at least 1), if set."""
+    value = (obj.get("spec") or {}).get("holdTimeoutSeconds")
+    return float(value) if isinstance(value, int) and value > 0 else None
 
 
 def _export_refusal(

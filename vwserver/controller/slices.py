@@ -38,6 +38,7 @@ from typing import Any
 from vwserver.auth.reviews import post_review, review_allows
 from vwserver.clock import Clock, SystemClock, rfc3339
 from vwserver.controller import consent
+from vwserver.controller.handoff import StuckHolds
 from vwserver.controller.slice_status import (
     ExportLookup,
     desired,
@@ -90,7 +91,9 @@ class SliceController:
         leader: LeaderElector | None = None,
         metrics: ServerMetrics | None = None,
         clock: Clock | None = None,
+        stuck_holds: Callable[[str], StuckHolds | None] | None = None,
     ) -> None:
+        self._stuck_holds = stuck_holds
         self._client = client
         self._routes = routes
         self._settings = settings
@@ -126,6 +129,11 @@ class SliceController:
         try:
             while True:
                 await leader.acquire()
+                # While another replica led, this one reconciled every change but wrote no
+                # status; a ready slice is looked at again only at its next resync. Whatever
+                # the last leader left unwritten (it may have died mid-way) is written now.
+                for key, _ in list(self._objects()):
+                    self.queue.add(key)
                 await leader.hold()
         finally:
             await leader.release()
@@ -222,6 +230,7 @@ class SliceController:
             external_url=self._settings.external_url,
             previous=current.get("conditions") or [],
             now=rfc3339(self._clock.now()),
+            stuck_holds=self._stuck_holds,
         )
         if outcome.route.not_ready is None:
             self._verified[key] = checked

@@ -79,8 +79,10 @@ class KubeClient:
         """An absolute URL for ``path`` (``/clusters/...``) on this server, or ``path`` as is."""
         return path if "://" in path else f"{self.origin}{path}"
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+    def _headers(
+        self, content_type: str | None = None, *, accept: str = "application/json"
+    ) -> dict[str, str]:
+        headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._auth.bearer_token()
@@ -108,12 +110,18 @@ class KubeClient:
         return doc
 
     async def request_raw(
-        self, method: str, path: str, *, query: Iterable[tuple[str, str]] = ()
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        accept: str = "application/json",
     ) -> bytes:
         """One request without a body; the answer's bytes as they came (raw mode: the caller
-        decodes only what it needs, e.g. a list page's items as ``msgspec.Raw``). Raises
-        ApiError / UpstreamUnavailable like :meth:`request`."""
-        _, raw = await self._exchange(method, path, query, None, "application/json")
+        decodes only what it needs, e.g. a list page's items as ``msgspec.Raw``), in the
+        representation ``accept`` names (e.g. a ``meta.k8s.io`` Table). Raises ApiError /
+        UpstreamUnavailable like :meth:`request`."""
+        _, raw = await self._exchange(method, path, query, None, "application/json", accept)
         return raw
 
     async def _exchange(
@@ -123,6 +131,7 @@ class KubeClient:
         query: Iterable[tuple[str, str]],
         body: object,
         content_type: str,
+        accept: str = "application/json",
     ) -> tuple[URL, bytes]:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True)
@@ -135,7 +144,7 @@ class KubeClient:
                 method,
                 url,
                 data=data,
-                headers=self._headers(content_type if data is not None else None),
+                headers=self._headers(content_type if data is not None else None, accept=accept),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
             ) as response:
                 raw = await response.read()
@@ -198,11 +207,15 @@ class KubeClient:
         *,
         query: Iterable[tuple[str, str]] = (),
         idle_timeout: float | None = None,
+        accept: str = "application/json",
     ) -> AsyncGenerator[RawEvent, None]:
         """:meth:`watch` in raw mode: each event's type, and its object as the bytes it came
-        as (``msgspec.Raw``), for callers that decode each object once, themselves. Errors as
-        in :meth:`watch`; an event whose object is no JSON object is a 502 too."""
-        return self._watch(path, query=query, idle_timeout=idle_timeout, decode=_raw_event)
+        as (``msgspec.Raw``; in the representation ``accept`` names), for callers that decode
+        each object once, themselves. Errors as in :meth:`watch`; an event whose object is no
+        JSON object is a 502 too."""
+        return self._watch(
+            path, query=query, idle_timeout=idle_timeout, decode=_raw_event, accept=accept
+        )
 
     async def _watch(
         self,
@@ -211,12 +224,14 @@ class KubeClient:
         query: Iterable[tuple[str, str]],
         idle_timeout: float | None,
         decode: Callable[[bytes | bytearray, URL], T],
+        accept: str = "application/json",
     ) -> AsyncGenerator[T, None]:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True).with_query([*query, ("watch", "true")])
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
         try:
-            async with self._session.get(url, headers=self._headers(), timeout=timeout) as response:
+            headers = self._headers(accept=accept)
+            async with self._session.get(url, headers=headers, timeout=timeout) as response:
                 if response.status != 200:
                     raw = await response.read()
                     raise api_error(response.status, _decode_status(raw), url=str(url), body=raw)

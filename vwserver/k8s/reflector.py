@@ -34,6 +34,14 @@ List pages and watch events are read as bytes, each object handed to the caller'
 exactly once (the shared watch cache keeps an object's original bytes plus its metadata, decoded
 in one pass); what ``decode`` returns is what the handler gets. An object ``decode`` refuses is
 garbage on the stream: an error, retried with backoff like any other.
+
+**Table mode** (``RawReflector(table=True)``): the collection is listed and watched as
+``meta.k8s.io/v1`` Tables with ``includeObject=Object`` — the server's printed columns with the
+object in every row — and ``decode`` gets each *row*. A Table list carries the column
+definitions (kept in :attr:`RawReflector.columns`), and so does the first event of every Table
+watch. A watch whose column definitions differ from the list's means the server's printer
+columns changed (a new schema): the rows held were printed with the old ones, so the loop
+relists.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Generic, Protocol, TypedDict, TypeVar, Unpack
+from typing import Final, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 import msgspec
 
@@ -51,7 +59,7 @@ from vwserver.clock import Clock
 from vwserver.errors import ApiError, ApiGone, UpstreamUnavailable, api_error
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import JSON, KubeClient
-from vwserver.k8s.types import ListPage, ObjectHead
+from vwserver.k8s.types import ListPage, ObjectHead, TablePage
 
 log = logging.getLogger(__name__)
 
@@ -282,12 +290,27 @@ class RawReflectorHandler(Protocol[T]):
 
 _decode_page = msgspec.json.Decoder(ListPage).decode
 _decode_head = msgspec.json.Decoder(ObjectHead).decode
+_decode_table = msgspec.json.Decoder(TablePage).decode
+
+TABLE_ACCEPT: Final = "application/json;as=Table;v=v1;g=meta.k8s.io"
+"""What a reflector in table mode asks for (with ``includeObject=Object``)."""
+_NULL: Final = b"null"
+
+
+class _TableEvent(msgspec.Struct):
+    """A watch event's Table: one row; column definitions only in a watch's first event."""
+
+    columnDefinitions: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(_NULL))
+    rows: list[msgspec.Raw] | None = None
+
+
+_decode_table_event = msgspec.json.Decoder(_TableEvent).decode
 
 
 class RawReflector(_ListWatch, Generic[T]):
     """:class:`Reflector` in raw mode: every object is read as bytes and turned into a ``T``
     by ``decode``, once; ``version`` gives a decoded object's resourceVersion (where the next
-    watch resumes)."""
+    watch resumes). ``table``: table mode (see the module docstring), ``decode`` gets rows."""
 
     def __init__(
         self,
@@ -299,6 +322,7 @@ class RawReflector(_ListWatch, Generic[T]):
         decode: Callable[[msgspec.Raw], T],
         version: Callable[[T], int | str],
         clock: Clock,
+        table: bool = False,
         **options: Unpack[LoopOptions],
     ) -> None:
         super().__init__(name=name, client=client, url=url, clock=clock, **options)
@@ -307,8 +331,14 @@ class RawReflector(_ListWatch, Generic[T]):
         """The ``kind`` of the last list (e.g. ``WidgetList``): what the collection holds."""
         self.api_version = ""
         """The ``apiVersion`` of the last list."""
+        self.table = table
+        self.columns = b""
+        """Table mode: the column definitions (JSON) the rows being listed, and the rows held
+        since, were printed with; set before a list's rows are decoded."""
         self._decode = decode
         self._version = version
+        self._accept = TABLE_ACCEPT if table else "application/json"
+        self._extra: tuple[tuple[str, str], ...] = (("includeObject", "Object"),) if table else ()
 
     def _item(self, raw: msgspec.Raw) -> T:
         try:
@@ -320,14 +350,22 @@ class RawReflector(_ListWatch, Generic[T]):
         items: list[T] = []
         token = ""
         while True:
-            body = await self._client.request_raw("GET", self.url, query=self._list_query(token))
+            body = await self._client.request_raw(
+                "GET", self.url, query=[*self._list_query(token), *self._extra], accept=self._accept
+            )
             try:
-                page = _decode_page(body)
+                page: ListPage | TablePage = (_decode_table if self.table else _decode_page)(body)
             except msgspec.DecodeError as e:
                 raise _garbage(self.url, f"undecodable list: {e}") from e
+            if isinstance(page, TablePage):
+                if not token:  # every page of one list is printed with the same columns
+                    self.columns = bytes(page.columnDefinitions)
+                entries = page.rows
+            else:
+                entries = page.items
             # Each item is decoded now and the page dropped: only the decoded items (which
             # copy their bytes out of the page) outlive the loop.
-            items.extend(self._item(raw) for raw in page.items or ())
+            items.extend(self._item(raw) for raw in entries or ())
             token = page.metadata.continue_
             if not token:
                 break
@@ -339,25 +377,50 @@ class RawReflector(_ListWatch, Generic[T]):
     async def _watch(self) -> bool:
         query, idle_timeout = self._watch_query()
         delivered = False
-        events = self._client.watch_raw(self.url, query=query, idle_timeout=idle_timeout)
+        events = self._client.watch_raw(
+            self.url, query=[*query, *self._extra], idle_timeout=idle_timeout, accept=self._accept
+        )
         async with contextlib.aclosing(events):
             async for event in events:
                 delivered = True
+                obj = event.object
+                if self.table:
+                    rows = self._table_rows(obj)
+                    if rows is None:
+                        self.resource_version = ""  # printed with other columns: relist
+                        return delivered
+                    if event.type != "BOOKMARK":  # a bookmark's Table has its resourceVersion
+                        if len(rows) != 1:
+                            raise _garbage(self.url, f"a Table event with {len(rows)} rows")
+                        obj = rows[0]
                 if event.type == "BOOKMARK":
                     try:
-                        rv = _decode_head(event.object).metadata.resourceVersion
+                        rv = _decode_head(obj).metadata.resourceVersion
                     except msgspec.DecodeError as e:
                         raise _garbage(self.url, f"undecodable bookmark: {e}") from e
                     if rv:
                         self.resource_version = rv
                         self.handler.on_bookmark(rv)
                     continue
-                item = self._item(event.object)
+                item = self._item(obj)
                 self.handler.on_event(event.type, item)
                 rv = str(self._version(item))
                 if rv:
                     self.resource_version = rv
         return delivered
+
+    def _table_rows(self, raw: msgspec.Raw) -> list[msgspec.Raw] | None:
+        """A Table event's rows; None when it carries column definitions other than the
+        list's (only the first event of a watch carries them at all)."""
+        try:
+            table = _decode_table_event(raw)
+        except msgspec.DecodeError as e:
+            raise _garbage(self.url, f"undecodable Table event: {e}") from e
+        columns = bytes(table.columnDefinitions)
+        if columns not in (_NULL, self.columns):
+            log.info("%s: the printed columns changed; relisting", self.name)
+            return None
+        return table.rows or []
 
 
 def _garbage(url: str, what: str) -> ApiError:

@@ -1,9 +1,11 @@
 """Which LIST and WATCH requests the shared cache answers, and how — pure, no I/O.
 
-The cache answers the request shapes whose apiserver semantics it reproduces exactly; every other
-shape keeps the pass-through path, where kcp itself decides (and validates). That keeps the two
-paths equal by construction for the odd combinations of options the apiserver refuses with its
-own messages, and leaves the cache the shapes informers and kubectl actually send.
+The cache answers the request shapes whose apiserver semantics it reproduces exactly — in every
+representation but YAML: objects, PartialObjectMetadata(List) and Tables, all from the same
+views — and every other shape keeps the pass-through path, where kcp itself decides (and
+validates). That keeps the two paths equal by construction for the odd combinations of options
+the apiserver refuses with its own messages, and leaves the cache the shapes informers and
+kubectl actually send.
 
 The apiserver's resourceVersion semantics (``k8s.io/apiserver`` storage and cacher):
 
@@ -12,7 +14,7 @@ LIST                    served
 ======================  ======================================================================
 rv unset                consistent: at least the upstream's current resourceVersion (read
                         cheaply upstream, then the cache waits for its reflector to get there)
-rv=0                    any: the cache's current state
+rv=0                    any: the cache's current state (a ``limit`` is ignored)
 rv=N, NotOlderThan      at least N (the cache waits for N)
 rv=N, Exact             exactly N: reconstructed from the window (410 Expired when older)
 rv=N, no match          with ``limit``: Exact (legacy paging semantics); else NotOlderThan
@@ -127,9 +129,13 @@ def cacheable(
         return False  # kcp refuses a namespace across all logical clusters; it says how
     if api.legacy_watch or api.subresource:
         return False
-    # Tables carry cells that kcp computes; YAML lists are served by conversion on the other
-    # path. Both stay pass-through.
-    shapes = (Shape.OBJECT, Shape.PARTIAL_LIST if api.verb is Verb.LIST else Shape.PARTIAL)
+    # Tables come from the cache's Table rows (kcp's cells, vwserver.cache.tables); YAML lists
+    # are served by conversion on the other path and stay pass-through.
+    shapes = (
+        Shape.OBJECT,
+        Shape.TABLE,
+        Shape.PARTIAL_LIST if api.verb is Verb.LIST else Shape.PARTIAL,
+    )
     if representation.yaml or representation.shape not in shapes:
         return False
     fields = options.get("fieldSelector") or ""
@@ -200,7 +206,9 @@ def list_plan(options: Options) -> ListPlan:
     if not rv:
         return ListPlan(consistency=Consistency.CONSISTENT, rv=0, limit=limit, after=None)
     if rv == "0" and match != "Exact":
-        return ListPlan(consistency=Consistency.ANY, rv=0, limit=limit, after=None)
+        # The watch cache ignores a limit with resourceVersion=0 (cacher.computeListLimit): the
+        # whole list, without a continue token (observed on kcp).
+        return ListPlan(consistency=Consistency.ANY, rv=0, limit=0, after=None)
     exact = match == "Exact" or (not match and limit > 0)
     return ListPlan(
         consistency=Consistency.EXACT if exact else Consistency.NOT_OLDER,

@@ -4,7 +4,9 @@ The request was parsed and admitted like any other; :func:`~vwserver.proxy.cache
 cacheable` decided that the cache can answer it exactly. What the client sees is computed here
 from the cache's state and event window: the slice's membership (:func:`vwserver.cache.views.
 visible`) and the client's own selectors, applied in process, in the representation the client
-negotiated (plain objects or PartialObjectMetadata). Objects leave as the bytes kcp sent.
+negotiated (plain objects or PartialObjectMetadata; Tables in
+:mod:`vwserver.proxy.cached_tables`, from the same pages and transitions). Objects leave as the
+bytes kcp sent.
 
 Whenever the cache cannot answer with the apiserver's semantics *before the response started*
 — not synced yet, cannot catch up with a consistent read in time — :class:`Fallback` sends the
@@ -19,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
-from dataclasses import replace
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Final
 
 import msgspec
@@ -29,8 +32,16 @@ from aiohttp import web
 from vwserver.cache.entries import Change, Entry
 from vwserver.cache.shared import Bookmark, SharedResource, Subscription
 from vwserver.cache.store import Expired as WindowExpired
-from vwserver.cache.views import ClientFilter, SliceView, accepts, parse_field_selector, transition
+from vwserver.cache.views import (
+    ClientFilter,
+    SliceView,
+    accepts,
+    leaving,
+    parse_field_selector,
+    transition,
+)
 from vwserver.errors import BadRequest, Expired, SelectorError
+from vwserver.holds import as_leaving
 from vwserver.k8s.kcp import ORIGINAL_API_VERSION_ANNOTATION
 from vwserver.k8s.status import status_body
 from vwserver.proxy.cache_plan import Consistency, Continue, ListPlan, WatchPlan, encode_continue
@@ -148,7 +159,7 @@ def _encoder(ctx: ProxyRequest, resource: SharedResource) -> _Encoder:
 # Waiting for the cache (before any byte goes out)
 
 
-async def _ready(
+async def ready(
     ctx: ProxyRequest, resource: SharedResource, consistency: Consistency, rv: int
 ) -> None:
     """Wait until the cache may answer with ``consistency``; :class:`Fallback` otherwise."""
@@ -196,12 +207,14 @@ def api_path(ctx: ProxyRequest) -> str:
 # LIST
 
 
-async def serve_cached_list(
+async def list_page(
     ctx: ProxyRequest, resource: SharedResource, plan: ListPlan
-) -> web.StreamResponse:
-    view = SliceView(selector=ctx.route.selector)
+) -> tuple[list[Entry], int, str]:
+    """The entries the client sees on this page (in any representation), the page's
+    resourceVersion and the continue token for the next one (empty on the last page)."""
+    view = ctx.member
     client = client_filter(ctx)
-    await _ready(ctx, resource, plan.consistency, plan.rv)
+    await ready(ctx, resource, plan.consistency, plan.rv)
     store = resource.store
     rv = plan.rv if plan.consistency is Consistency.EXACT else store.rv
 
@@ -218,6 +231,14 @@ async def serve_cached_list(
             ) from e
         raise Expired("The resourceVersion for the provided list is too old.") from e
     token = encode_continue(Continue(rv=rv, key=last)) if last is not None else ""
+    return entries, rv, token
+
+
+async def serve_cached_list(
+    ctx: ProxyRequest, resource: SharedResource, plan: ListPlan
+) -> web.StreamResponse:
+    view = ctx.member
+    entries, rv, token = await list_page(ctx, resource, plan)
     enc = _encoder(ctx, resource)
     if enc.partial:
         kind, api_version = "PartialObjectMetadataList", _META_GROUP_VERSION
@@ -233,7 +254,7 @@ async def serve_cached_list(
     await response.write(head)
     for start in range(0, len(entries), _WRITE_BATCH):
         batch = entries[start : start + _WRITE_BATCH]
-        chunk = b",".join(enc.item(e.raw) for e in batch)
+        chunk = b",".join(enc.item(shown(view, e)) for e in batch)
         await response.write(chunk if start == 0 else b"," + chunk)
     await response.write(LIST_FOOTER)
     await response.write_eof()
@@ -244,18 +265,26 @@ async def serve_cached_list(
 # WATCH
 
 
-async def serve_cached_watch(
-    ctx: ProxyRequest, resource: SharedResource, plan: WatchPlan
-) -> web.StreamResponse:
-    view = SliceView(selector=ctx.route.selector)
-    client = client_filter(ctx)
-    await _ready(ctx, resource, plan.consistency, plan.rv)
+@dataclass(frozen=True, slots=True)
+class WatchStart:
+    """Where a watch from the cache starts (in any representation)."""
+
+    initial: list[Entry]
+    """The client's state as ADDED events (empty for changes after a resourceVersion)."""
+    rv: int
+    subscription: Subscription | None
+    """The changes after ``rv``; None when ``rv`` has left the window (``expired`` says so)."""
+    expired: str = ""
+
+
+def start_watch(
+    resource: SharedResource, plan: WatchPlan, *, view: SliceView, client: ClientFilter
+) -> WatchStart:
+    """The client's initial state and its subscription, at the same resourceVersion: nothing
+    awaits between the state read and the subscription's start, so no change falls between
+    them."""
     store = resource.store
-    enc = _encoder(ctx, resource)
     initial: list[Entry] = []
-    expired: str | None = None
-    # From here to subscribe() nothing awaits: the state read and the subscription's start
-    # are the same resourceVersion, so no change falls between them.
     if plan.changes_after is None:
         start = store.rv
         accept = accepts(view, client)
@@ -265,38 +294,73 @@ async def serve_cached_watch(
     try:
         subscription = resource.subscribe(from_rv=start, queue_size=QUEUE_SIZE)
     except WindowExpired:
-        # The cacher answers a watch from a resourceVersion it no longer has with an ERROR
-        # event carrying 410 Expired (not an HTTP error): client-go then relists.
         expired = f"too old resource version: {start} ({store.oldest_rv})"
-        subscription = None
+        return WatchStart(initial=[], rv=start, subscription=None, expired=expired)
+    return WatchStart(initial=initial, rv=start, subscription=subscription)
+
+
+async def open_watch(
+    ctx: ProxyRequest, start: WatchStart
+) -> tuple[web.StreamResponse, Subscription | None]:
+    """The watch response, its headers sent, and the subscription to stream from it; None when
+    the response is complete already (a HEAD request; an expired resourceVersion)."""
     response = web.StreamResponse(status=200)
     response.content_type = "application/json"
     response.enable_chunked_encoding()
     await response.prepare(ctx.request)
     ctx.record.status = 200
+    subscription = start.subscription
     if headers_only(ctx.request):
         if subscription is not None:
             subscription.close()
         await response.write_eof()
-        return response
+        return response, None
     if subscription is None:
-        status = status_body(code=410, reason="Expired", message=expired or "").rstrip(b"\n")
+        # The cacher answers a watch from a resourceVersion it no longer has with an ERROR
+        # event carrying 410 Expired (not an HTTP error; a Status in every representation):
+        # client-go then relists.
+        status = status_body(code=410, reason="Expired", message=start.expired).rstrip(b"\n")
         await response.write(b'{"type":"ERROR","object":' + status + b"}\n")
         await response.write_eof()
+    return response, subscription
+
+
+async def serve_cached_watch(
+    ctx: ProxyRequest, resource: SharedResource, plan: WatchPlan
+) -> web.StreamResponse:
+    view = ctx.member
+    client = client_filter(ctx)
+    await ready(ctx, resource, plan.consistency, plan.rv)
+    enc = _encoder(ctx, resource)
+    start = start_watch(resource, plan, view=view, client=client)
+    response, subscription = await open_watch(ctx, start)
+    if subscription is None:
         return response
+    shape = ctx.representation.shape
+    writer = _DirectWriter(ctx.request, view=view, client=client, enc=enc, shape=shape, plan=plan)
+    # Attached before the initial events: the fan-out writes for this client only once it
+    # waits for changes, but a client that stops reading during its initial events must be
+    # ended too when its queue overflows (the writer closes the connection then).
+    subscription.attach(writer)
     try:
-        await _write_lines(response, (enc.event("ADDED", e.raw) for e in initial))
+        await write_lines(response, (enc.event("ADDED", shown(view, e)) for e in start.initial))
         if plan.initial_events_end:
-            await response.write(enc.bookmark(start, initial_events_end=True))
-        await _stream(ctx, response, subscription, view=view, client=client, enc=enc, plan=plan)
+            await response.write(enc.bookmark(start.rv, initial_events_end=True))
+        await _stream(
+            ctx, response, subscription, writer, view=view, client=client, enc=enc, plan=plan
+        )
+    except ConnectionError:
+        return response  # the client went away: nothing more to send
     finally:
+        subscription.attach(None)
+        writer.close()
         subscription.close()
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response
 
 
-async def _write_lines(response: web.StreamResponse, lines: Iterable[bytes]) -> None:
+async def write_lines(response: web.StreamResponse, lines: Iterable[bytes]) -> None:
     batch: list[bytes] = []
     for line in lines:
         batch.append(line)
@@ -311,6 +375,7 @@ async def _stream(
     ctx: ProxyRequest,
     response: web.StreamResponse,
     subscription: Subscription,
+    writer: _DirectWriter,
     *,
     view: SliceView,
     client: ClientFilter,
@@ -318,37 +383,213 @@ async def _stream(
     plan: WatchPlan,
 ) -> None:
     """Live changes until the subscription ends: the watch's timeout, the route's retirement
-    and the server's shutdown close it (one helper task per watch, nothing per event); the
-    cache ends it when the client fell behind or the cache relisted."""
+    and the server's shutdown close it (a timer per watch, one shared waiter per event, nothing
+    per change); the cache ends it when the client fell behind or the cache relisted.
+
+    While the client keeps up, the fan-out writes its changes (:class:`_DirectWriter`) and this
+    coroutine sleeps; it writes only what went through the queue — with aiohttp's
+    backpressure — after what the writer took."""
     shape = ctx.representation.shape
-    loop = asyncio.get_running_loop()
-    timer = loop.call_later(plan.timeout, subscription.close)
-    closer = asyncio.ensure_future(_close_when_ended(ctx, subscription))
-    try:
+    with watch_lifetime(ctx, subscription, seconds=plan.timeout):
         async for item in subscription:
+            # What the writer took came before anything queued (its flush at the end of the
+            # loop's turn comes first anyway; this does not depend on callback order).
+            writer.flush()
             line = _line(item, view=view, client=client, enc=enc, shape=shape, plan=plan)
             if line:
                 await response.write(line)
-    finally:
-        timer.cancel()
-        closer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await closer
+        writer.flush()  # what it took in the turn that ended the subscription
     if subscription.overflowed:
         log.info("watch on %s ended: the client fell behind", ctx.api.resource)
 
 
-async def _close_when_ended(ctx: ProxyRequest, subscription: Subscription) -> None:
-    """Close ``subscription`` when the slice's route is retired or the server shuts down."""
-    retired = asyncio.ensure_future(ctx.route.retired.wait())
-    closing = asyncio.ensure_future(ctx.closing.wait())
+_PENDING_LIMIT: Final = 256 * 1024
+"""Bytes the fan-out buffers for one client in one turn of the event loop; beyond that the
+client's changes go through its queue (and are written with backpressure)."""
+
+
+class _Audience:
+    """The watches that send every item the same way — same slice, client filter,
+    representation and bookmarks — and the line of the item being fanned out to them right
+    now: computed by the first of them, reused by the others (an item is fanned out once, in
+    one turn of the event loop, so the last item is all there is to remember)."""
+
+    __slots__ = ("__weakref__", "item", "line")
+
+    def __init__(self) -> None:
+        self.item: Change | Bookmark | None = None
+        self.line: bytes | None = None
+
+
+_AUDIENCES: Final[weakref.WeakValueDictionary[tuple[object, ...], _Audience]] = (
+    weakref.WeakValueDictionary()
+)
+
+
+class _DirectWriter:
+    """Writes a watch's lines to its connection from the fan-out (:class:`~vwserver.cache.
+    shared.DirectWriter`) — only while the connection has nothing unsent, i.e. the client
+    keeps up: a client that does not read makes its connection buffer bytes, and from then on
+    its changes wait in its bounded queue, are written by :func:`_stream` with aiohttp's
+    backpressure, and end the watch when the queue overflows. Lines are written as HTTP/1.1
+    chunks, as aiohttp frames the response's other writes (the headers went out in
+    ``prepare``); a turn's lines are one write."""
+
+    __slots__ = (
+        "_audience",
+        "_client",
+        "_closed",
+        "_enc",
+        "_pending",
+        "_plan",
+        "_protocol",
+        "_shape",
+        "_size",
+        "_transport",
+        "_view",
+    )
+
+    def __init__(
+        self,
+        request: web.BaseRequest,
+        *,
+        view: SliceView,
+        client: ClientFilter,
+        enc: _Encoder,
+        shape: Shape,
+        plan: WatchPlan,
+    ) -> None:
+        self._transport = request.transport
+        self._protocol = request.protocol
+        self._view = view
+        self._client = client
+        self._enc = enc
+        self._shape = shape
+        self._plan = plan
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._closed = False
+        key = (view, client, shape, plan.bookmarks, enc.partial, enc.item_kind, enc.api_version)
+        audience = _AUDIENCES.get(key)
+        if audience is None:
+            audience = _AUDIENCES[key] = _Audience()
+        self._audience = audience
+
+    def take(self, item: Change | Bookmark) -> bool:
+        transport = self._transport
+        if (
+            self._closed
+            or transport is None
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            return False
+        audience = self._audience
+        if audience.item is item:
+            line = audience.line
+        else:
+            line = _line(
+                item,
+                view=self._view,
+                client=self._client,
+                enc=self._enc,
+                shape=self._shape,
+                plan=self._plan,
+                chunked=True,
+            )
+            audience.item, audience.line = item, line
+        if line is None:
+            return True
+        size = self._size + len(line)
+        if size > _PENDING_LIMIT:
+            return False
+        self._pending.append(line)
+        self._size = size
+        return True
+
+    def flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        self._size = 0
+        transport = self._transport
+        if not self._closed and transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def ended(self) -> None:
+        # The watch ended while its coroutine was writing: if the connection is paused that
+        # write waits for a client that does not read, and neither it nor the end of the
+        # response would ever go out. The connection is closed instead (the client re-watches
+        # from the last resourceVersion it received, as after a clean end).
+        transport = self._transport
+        if transport is not None and self._protocol.writing_paused and not self._closed:
+            transport.abort()
+
+    def close(self) -> None:
+        self._closed = True
+        self._pending.clear()
+
+
+class _Closers:
+    """Closes the subscriptions registered with an event when it is set (a route's
+    retirement, the server's shutdown): one waiting task per event with watches, not one per
+    watch."""
+
+    def __init__(self) -> None:
+        self._by_event: dict[asyncio.Event, tuple[asyncio.Task[None], set[Subscription]]] = {}
+
+    def add(self, event: asyncio.Event, subscription: Subscription) -> None:
+        if event.is_set():
+            subscription.close()
+            return
+        entry = self._by_event.get(event)
+        if entry is None:
+            members: set[Subscription] = set()
+            task = asyncio.ensure_future(self._close_when_set(event, members))
+            entry = self._by_event[event] = (task, members)
+        entry[1].add(subscription)
+
+    def discard(self, event: asyncio.Event, subscription: Subscription) -> None:
+        entry = self._by_event.get(event)
+        if entry is None:
+            return
+        task, members = entry
+        members.discard(subscription)
+        if not members:
+            del self._by_event[event]
+            task.cancel()
+
+    async def _close_when_set(self, event: asyncio.Event, members: set[Subscription]) -> None:
+        await event.wait()
+        entry = self._by_event.get(event)
+        if entry is not None and entry[1] is members:
+            del self._by_event[event]
+        for subscription in list(members):
+            subscription.close()
+
+
+_CLOSERS: Final = _Closers()
+"""Closes cached watches of every representation when their route retires or the server
+shuts down."""
+
+
+@contextlib.contextmanager
+def watch_lifetime(
+    ctx: ProxyRequest, subscription: Subscription, *, seconds: float
+) -> Iterator[None]:
+    """While the block runs, ``subscription`` is closed after ``seconds`` (the watch's
+    ``timeoutSeconds``), when the slice's route is retired, or when the server shuts down."""
+    timer = asyncio.get_running_loop().call_later(seconds, subscription.close)
+    _CLOSERS.add(ctx.route.retired, subscription)
+    _CLOSERS.add(ctx.closing, subscription)
     try:
-        await asyncio.wait([retired, closing], return_when=asyncio.FIRST_COMPLETED)
-        subscription.close()
+        yield
     finally:
-        for waiter in (retired, closing):
-            waiter.cancel()
-        await asyncio.gather(retired, closing, return_exceptions=True)
+        timer.cancel()
+        _CLOSERS.discard(ctx.route.retired, subscription)
+        _CLOSERS.discard(ctx.closing, subscription)
 
 
 def _line(
@@ -359,16 +600,41 @@ def _line(
     enc: _Encoder,
     shape: Shape,
     plan: WatchPlan,
+    chunked: bool = False,
 ) -> bytes | None:
+    """The line ``item`` sends to this client (None: nothing); ``chunked``: framed as one
+    HTTP/1.1 chunk, for writing to the connection directly."""
     if isinstance(item, Bookmark):
-        return enc.bookmark(item.rv) if plan.bookmarks else None
-    verdict = transition(view=view, client=client, change=item)
-    if verdict is None:
-        return None
-    kind, entry = verdict
-    memo = f"{kind}/{shape.value}"
-    # Every client that sends this change the same way sends the same bytes: encode once.
-    line = item.lines.get(memo)
-    if line is None:
-        line = item.lines[memo] = enc.event(kind, entry.raw)
-    return line
+        if not plan.bookmarks:
+            return None
+        # Every client of the resource with this representation sends the same bookmark.
+        memo = f"{enc.item_kind}/{enc.item_api_version}"
+        line = item.lines.get(memo)
+        if line is None:
+            line = item.lines[memo] = enc.bookmark(item.rv)
+    else:
+        verdict = transition(view=view, client=client, change=item)
+        if verdict is None:
+            return None
+        kind, entry = verdict
+        since = leaving(view, entry.meta)
+        # Every client that sends this change the same way sends the same bytes: encode once
+        # (an object leaving a slice looks different to that slice's clients).
+        memo = f"{kind}/{shape.value}" if not since else f"{kind}/{shape.value}/{view.id}"
+        line = item.lines.get(memo)
+        if line is None:
+            raw = as_leaving(entry.raw, since) if since else entry.raw
+            line = item.lines[memo] = enc.event(kind, raw)
+    if not chunked:
+        return line
+    framed = item.lines.get(memo + "/chunk")
+    if framed is None:
+        framed = item.lines[memo + "/chunk"] = b"%x\r\n%b\r\n" % (len(line), line)
+    return framed
+
+
+def shown(view: SliceView, entry: Entry) -> bytes:
+    """The entry's bytes as the slice ``view`` shows them: as stored, or being deleted when the
+    object is leaving the slice (:func:`vwserver.holds.as_leaving`)."""
+    since = leaving(view, entry.meta)
+    return as_leaving(entry.raw, since) if since else entry.raw

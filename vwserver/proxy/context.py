@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, SelectorError
+from vwserver.holds import Member, Peers, leaving_since, sees, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
+from vwserver.k8s.types import ObjectMeta
 from vwserver.metrics import UNKNOWN, ServerMetrics
 from vwserver.proxy.negotiation import Representation, Shape
 from vwserver.proxy.options import Options
@@ -58,6 +60,26 @@ class ProxyRequest:
     record: RequestRecord
     closing: asyncio.Event
     """Set when the server stops serving (graceful shutdown): open watches end cleanly."""
+    peers: Peers = field(default=lambda _sid: None)
+    """The current selector of every slice this server serves, by id (membership depends on
+    the slices that hold an object, :mod:`vwserver.holds`)."""
+    unrecorded_move: Callable[[], None] | None = None
+    """Told when a read finds an object leaving the slice whose move is not recorded yet
+    (:meth:`vwserver.controller.handoff.Handoff.wake`)."""
+    records_holds: bool = False
+    """Whether finalizers added through this slice are recorded as its holds: only where the
+    slice's reads come from the shared cache, whose views can show an object leaving it."""
+
+    @property
+    def member(self) -> Member:
+        """The slice as the membership function sees it."""
+        route = self.route
+        return Member(
+            selector=route.selector,
+            id=slice_id(route.cluster, route.name),
+            peers=self.peers,
+            unrecorded=self.unrecorded_move,
+        )
 
     @property
     def cluster_base(self) -> str:
@@ -82,6 +104,28 @@ class ProxyRequest:
         """URL of the named object itself (without subresource), for the proxy's own checks."""
         return f"{self.cluster_base}{self.api.object_path}"
 
+    def sees(self, meta: ObjectMeta) -> bool:
+        """Whether the slice sees the object with ``meta`` (:func:`vwserver.holds.sees`)."""
+        return sees(
+            self.member,
+            labels=meta.labels,
+            annotations=meta.annotations,
+            finalizers=meta.finalizers,
+        )
+
+    def leaving(self, meta: ObjectMeta) -> str | None:
+        """When the object with ``meta`` started leaving the slice (``""``: not recorded yet);
+        None when it is not leaving (:func:`vwserver.holds.leaving_since`)."""
+        since = leaving_since(
+            self.member,
+            labels=meta.labels,
+            annotations=meta.annotations,
+            finalizers=meta.finalizers,
+        )
+        if since == "" and self.unrecorded_move is not None:
+            self.unrecorded_move()
+        return since
+
     def upstream_headers(self, *, content_type: str | None = None) -> CIMultiDict[str]:
         """Headers for an upstream request: the allow-listed client headers, the one
         representation the proxy chose, and the content type the proxy checked."""
@@ -93,14 +137,15 @@ class ProxyRequest:
 
     def effective_selector(self) -> Selector:
         """The slice's selector AND the client's ``labelSelector`` (400 if that is malformed)."""
-        selector = self.route.selector
+        return self.route.selector & self.client_selector()
+
+    def client_selector(self) -> Selector:
+        """The client's own ``labelSelector`` (400 if it is malformed)."""
         text = self.options.get("labelSelector")
-        if text:
-            try:
-                selector = selector & Selector.parse(text)
-            except SelectorError as e:
-                raise BadRequest(e.message) from e  # the message names labelSelector
-        return selector
+        try:
+            return Selector.parse(text or "")
+        except SelectorError as e:
+            raise BadRequest(e.message) from e  # the message names labelSelector
 
     @property
     def strip_objects(self) -> bool:
@@ -118,10 +163,11 @@ class ProxyRequest:
         drop: Iterable[str] = (),
         extra: Iterable[tuple[str, str]] = (),
         push_selector: bool = True,
+        with_slice: bool = True,
     ) -> list[tuple[str, str]]:
         """The checked query with the effective selector pushed down (reads and
-        deletecollection; not for the unfiltered apibindings) and what the proxy must see of
-        each object made sure of."""
+        deletecollection; not for the unfiltered apibindings) — only the client's own when not
+        ``with_slice`` — and what the proxy must see of each object made sure of."""
         dropped = {"labelSelector", *drop} if push_selector else set(drop)
         api = self.api
         if api.verb is Verb.GET:
@@ -130,7 +176,8 @@ class ProxyRequest:
             dropped.add("includeObject")
         out = self.options.without(*dropped)
         if push_selector and api.verb in (Verb.LIST, Verb.WATCH, Verb.DELETECOLLECTION):
-            rendered = self.effective_selector().render()
+            pushed = self.effective_selector() if with_slice else self.client_selector()
+            rendered = pushed.render()
             if rendered:
                 out.append(("labelSelector", rendered))
         if api.verb is Verb.WATCH and "watch" not in self.options:

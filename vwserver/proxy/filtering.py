@@ -24,15 +24,22 @@ BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; 
 
 The same holds in every representation: in a Table watch the object inside the event's row is
 matched, and a synthetic DELETED is itself a Table (:func:`filter_event`).
+
+Membership is more than the selector for an object that slices hold (:mod:`vwserver.holds`):
+an object another slice holds and no longer matches is not shown even where the selector
+matches. Only objects that carry the holds annotation need that check; the rest are told
+apart by a byte search, so the common case costs nothing more (:func:`hidden_by_holds`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+from vwserver.holds import HOLDS_ANNOTATION, Member, as_leaving, leaving_since, sees
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import (
     ListLabels,
@@ -54,6 +61,23 @@ _list_labels_decoder = msgspec.json.Decoder(ListLabels)
 _table_labels_decoder = msgspec.json.Decoder(TableLabels)
 _encoder = msgspec.json.Encoder()
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+# Searches a buffer (bytes, memoryview, msgspec.Raw) without copying it.
+_HOLDS_KEY: Final = re.compile(re.escape(HOLDS_ANNOTATION.encode()))
+
+
+def hidden_by_holds(raw: Any, member: Member | None) -> bool:
+    """Whether the object ``raw`` (an object, a watch event's line, or a Table row embedding
+    an object) carries holds that keep it from ``member`` although its labels match
+    (:func:`vwserver.holds.sees`)."""
+    if member is None or _HOLDS_KEY.search(raw) is None:
+        return False
+    try:
+        row = _row_decoder.decode(raw)
+        meta = row.object.metadata if row.object is not None else _head_decoder.decode(raw).metadata
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    labels, annotations, finalizers = meta.labels, meta.annotations, meta.finalizers
+    return not sees(member, labels=labels, annotations=annotations, finalizers=finalizers)
 
 
 class UndecodableError(ValueError):
@@ -82,15 +106,52 @@ class Page:
     labels: list[dict[str, str] | _NoObject | None]
     """Each entry's labels; a Table row without an embedded object can never be shown."""
 
-    def visible(self, selector: Selector) -> list[msgspec.Raw]:
-        """The raw entries that match ``selector``, to be joined as they are (``msgspec.Raw``
-        supports the buffer protocol, so ``b",".join`` copies each entry exactly once)."""
+    def visible(self, selector: Selector, member: Member | None = None) -> list[msgspec.Raw]:
+        """The raw entries that match ``selector`` (and that holds do not keep from
+        ``member``), to be joined as they are (``msgspec.Raw`` supports the buffer protocol,
+        so ``b",".join`` copies each entry exactly once)."""
         matches = selector.matches
         return [
             entry
             for entry, labels in zip(self.entries, self.labels, strict=True)
-            if not isinstance(labels, _NoObject) and matches(labels)
+            if not isinstance(labels, _NoObject)
+            and matches(labels)
+            and not hidden_by_holds(entry, member)
         ]
+
+    def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
+        """The entries ``member`` sees (:func:`vwserver.holds.sees`) that match the client's
+        ``client`` selector, for a page read without the slice's selector: objects the slice
+        holds are there whatever their labels. An object leaving the slice is shown being
+        deleted (:func:`vwserver.holds.as_leaving`; a Table row as kcp printed it)."""
+        matches, own = client.matches, member.selector.matches
+        out: list[bytes | msgspec.Raw] = []
+        for entry, labels in zip(self.entries, self.labels, strict=True):
+            if isinstance(labels, _NoObject) or not matches(labels):
+                continue
+            if _HOLDS_KEY.search(entry) is None:
+                if own(labels):
+                    out.append(entry)
+                continue
+            try:
+                row = _row_decoder.decode(entry)
+                head = row.object if row.object is not None else _head_decoder.decode(entry)
+            except msgspec.DecodeError as e:
+                raise UndecodableError(str(e)) from e
+            labels, annotations, finalizers = (
+                head.metadata.labels,
+                head.metadata.annotations,
+                head.metadata.finalizers,
+            )
+            if not sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+                continue
+            since = leaving_since(
+                member, labels=labels, annotations=annotations, finalizers=finalizers
+            )
+            if since == "" and member.unrecorded is not None:
+                member.unrecorded()
+            out.append(as_leaving(bytes(entry), since) if since and row.object is None else entry)
+        return out
 
 
 class _NoObject:
@@ -234,7 +295,11 @@ _DROP = EventVerdict()
 
 
 def filter_event(
-    line: bytes | memoryview, selector: Selector, *, strip_objects: bool = False
+    line: bytes | memoryview,
+    selector: Selector,
+    *,
+    strip_objects: bool = False,
+    member: Member | None = None,
 ) -> EventVerdict:
     """Decide one watch event (one JSON line, newline included). Raises UndecodableError.
 
@@ -258,8 +323,12 @@ def filter_event(
     obj = event.object
     if obj.kind == "Table":
         rows = obj.rows or []
-        visible = bool(rows) and all(
-            r.object is not None and selector.matches(r.object.metadata.labels) for r in rows
+        visible = (
+            bool(rows)
+            and all(
+                r.object is not None and selector.matches(r.object.metadata.labels) for r in rows
+            )
+            and not _rows_hidden(line, member)
         )
         if visible:
             return (
@@ -268,7 +337,7 @@ def filter_event(
         if kind == "ADDED":
             return _DROP
         return EventVerdict(replacement=_synthetic_table_deleted(line))
-    if selector.matches(obj.metadata.labels):
+    if selector.matches(obj.metadata.labels) and not hidden_by_holds(line, member):
         return _FORWARD
     if kind == "ADDED":
         return _DROP
@@ -287,6 +356,39 @@ class _TableHead(msgspec.Struct):
     apiVersion: str = ""
     kind: str = ""
     rows: list[_TableRowHead] | None = None
+
+
+_table_rows_decoder = msgspec.json.Decoder(_TableHead)
+_row_decoder = msgspec.json.Decoder(_TableRowHead)
+
+
+def _rows_hidden(line: bytes | memoryview, member: Member | None) -> bool:
+    """Whether holds keep any row's object of a Table watch event from ``member``."""
+    if member is None or _HOLDS_KEY.search(line) is None:
+        return False
+    try:
+        rows = _table_event_decoder.decode(line).object.rows or []
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    return any(
+        r.object is not None
+        and not sees(
+            member,
+            labels=r.object.metadata.labels,
+            annotations=r.object.metadata.annotations,
+            finalizers=r.object.metadata.finalizers,
+        )
+        for r in rows
+    )
+
+
+def decode_table_rows(body: bytes) -> list[_TableRowHead]:
+    """The rows of a Table with each embedded object's metadata (labels, annotations,
+    finalizers: what membership needs)."""
+    try:
+        return _table_rows_decoder.decode(body).rows or []
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
 
 
 class _TableEventHead(msgspec.Struct):

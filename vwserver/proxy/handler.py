@@ -39,7 +39,17 @@ from vwserver.errors import (
 from vwserver.k8s.status import from_error
 from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
 from vwserver.metrics import ServerMetrics
-from vwserver.proxy import cache_plan, cached, lists, negotiation, options, reads, watch, writes
+from vwserver.proxy import (
+    cache_plan,
+    cached,
+    cached_tables,
+    lists,
+    negotiation,
+    options,
+    reads,
+    watch,
+    writes,
+)
 from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
@@ -81,9 +91,12 @@ class ProxyHandler:
         closing: asyncio.Event,
         guard: Gate,
         cache: CacheRegistry | None = None,
+        unrecorded_move: Callable[[], None] | None = None,
     ) -> None:
         """``cache``: the shared watch cache that serves LIST and WATCH where it can (None: every
-        request goes to kcp)."""
+        request goes to kcp); ``unrecorded_move``: told when a read finds an object leaving a
+        slice whose move is not recorded yet (the handoff loop's wake-up)."""
+        self._unrecorded_move = unrecorded_move
         self._routes = routes
         self._cache = cache
         self._upstream = upstream
@@ -227,15 +240,19 @@ class ProxyHandler:
             metrics=self._metrics,
             record=record,
             closing=self._closing,
+            peers=self._routes.selector_of,
+            unrecorded_move=self._unrecorded_move,
+            # In passthrough mode kcp decides with the caller's own token what it may read; a
+            # cache read with vwserver's identity could grant more, so such reads go to kcp —
+            # whose label-selected answers cannot show an object leaving the slice: holds are
+            # recorded only where the slice's reads come from the cache.
+            records_holds=self._cache is not None and route.cache and self._delegated,
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
         if (
             self._cache is not None
-            and route.cache
-            # In passthrough mode kcp decides with the caller's own token what it may read; a
-            # cache read with vwserver's identity could grant more, so such reads go to kcp.
-            and self._delegated
+            and ctx.records_holds
             and cache_plan.cacheable(api, checked, representation, wildcard=path.wildcard)
         ):
             try:
@@ -243,6 +260,11 @@ class ProxyHandler:
             except cached.Fallback as e:
                 self._metrics.cache_reads.labels(api.verb, "fallback").inc()
                 log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
+            except BaseException:
+                # The cache answered — an error Status, or a watch its client ended (the
+                # handler is cancelled): served all the same.
+                self._metrics.cache_reads.labels(api.verb, "served").inc()
+                raise
             else:
                 self._metrics.cache_reads.labels(api.verb, "served").inc()
                 return response
@@ -254,6 +276,8 @@ class ProxyHandler:
 
 
 async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
+    if ctx.representation.shape is negotiation.Shape.TABLE:
+        return await _serve_cached_table(ctx, cache)
     resource = await cache.acquire(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
     try:
         if ctx.api.verb is Verb.LIST:
@@ -261,6 +285,18 @@ async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamRe
         return await cached.serve_cached_watch(ctx, resource, cache_plan.watch_plan(ctx.options))
     finally:
         cache.release(resource)
+
+
+async def _serve_cached_table(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
+    table = await cache.acquire_table(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
+    try:
+        if ctx.api.verb is Verb.LIST:
+            listing = cache_plan.list_plan(ctx.options)
+            return await cached_tables.serve_table_list(ctx, table, listing)
+        watching = cache_plan.watch_plan(ctx.options)
+        return await cached_tables.serve_table_watch(ctx, table, watching)
+    finally:
+        cache.release(table)
 
 
 def _upstream_denial(record: RequestRecord, relayed: web.StreamResponse) -> web.Response:

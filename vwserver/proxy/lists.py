@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import msgspec
 from aiohttp import web
@@ -53,9 +54,23 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     selector = ctx.effective_selector()
     headers = ctx.upstream_headers()
     client_pages = "limit" in ctx.options or "continue" in ctx.options
+    extra: list[tuple[str, str]] = []
+    if not client_pages:
+        extra.append(("limit", str(ctx.page_size)))
+        if ctx.options.get("resourceVersion") not in (None, "", "0") and not ctx.options.get(
+            "resourceVersionMatch"
+        ):
+            # resourceVersion=N without a limit means "not older than N"; with the limit the
+            # proxy adds it would mean "exactly N" (the apiserver's legacy paging rule): an
+            # informer relisting at N after a 410 would get its old state again, and its
+            # watch from N another 410, for as long as etcd keeps N.
+            extra.append(("resourceVersionMatch", "NotOlderThan"))
+    # A slice that records holds sees objects it holds whatever their labels: kcp is asked
+    # with the client's selector only, and membership is decided here for every object.
+    holds = ctx.records_holds
+    client = ctx.client_selector()
     query = ctx.upstream_query(
-        extra=() if client_pages else (("limit", str(ctx.page_size)),),
-        drop=() if client_pages else ("limit",),
+        extra=extra, drop=() if client_pages else ("limit",), with_slice=not holds
     )
     async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
         if up.status != 200:
@@ -84,7 +99,10 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 following = asyncio.ensure_future(
                     _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
                 )
-            chunk = writer.entries(page.visible(selector))
+            visible = (
+                page.members(ctx.member, client) if holds else page.visible(selector, ctx.member)
+            )
+            chunk = writer.entries(visible)
             if chunk:
                 await response.write(chunk)
             if following is None:
@@ -131,7 +149,7 @@ class _ListWriter:
         self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
         self._empty = yamlout.empty_list_parts(fields, entries_key=key)
 
-    def entries(self, visible: list[msgspec.Raw]) -> bytes:
+    def entries(self, visible: Sequence[bytes | msgspec.Raw]) -> bytes:
         if not visible:
             return b""
         raws: list[bytes | msgspec.Raw] = (

@@ -13,12 +13,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from vwserver.errors import BadGateway
+from vwserver.holds import as_leaving
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
     UndecodableError,
     decode_head,
     decode_page,
+    decode_table_rows,
     list_header,
     strip_row_object,
 )
@@ -40,6 +42,8 @@ async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
         visible = body_visible(body, ctx)
         if visible and ctx.strip_objects:
             body = _strip_table(body)
+        elif visible:
+            body = as_shown(body, ctx)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable object: {e}") from e
     if not visible:
@@ -52,13 +56,25 @@ async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
 
 def body_visible(body: bytes, ctx: ProxyRequest) -> bool:
     """Whether a GET response (an object, PartialObjectMetadata, or a Table of one row) may be
-    shown. A Table counts only if every row embeds an object that matches."""
-    selector = ctx.route.selector
+    shown: the slice sees the object (:meth:`ProxyRequest.sees`). A Table counts only if every
+    row embeds an object the slice sees."""
     head = decode_head(body)
     if head.kind == "Table":
-        page = decode_page(body)
-        return bool(page.entries) and len(page.visible(selector)) == len(page.entries)
-    return selector.matches(head.metadata.labels)
+        rows = decode_table_rows(body)
+        return bool(rows) and all(
+            r.object is not None and ctx.sees(r.object.metadata) for r in rows
+        )
+    return ctx.sees(head.metadata)
+
+
+def as_shown(body: bytes, ctx: ProxyRequest) -> bytes:
+    """A visible object (or PartialObjectMetadata) as the slice shows it: being deleted when it
+    is leaving the slice (:func:`vwserver.holds.as_leaving`)."""
+    head = decode_head(body)
+    if head.kind == "Table":
+        return body
+    since = ctx.leaving(head.metadata)
+    return as_leaving(body, since) if since else body
 
 
 def _strip_table(body: bytes) -> bytes:

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from vwserver import metrics as m
 from vwserver.errors import BadGateway
+from vwserver.holds import Member
 from vwserver.k8s.framing import complete, lines
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, filter_event
@@ -74,7 +75,9 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                 async for chunk in up.content.iter_any():
                     buffer += chunk
                     # EventTooLarge (a BadGateway) if an event grows past the bound
-                    framed = frame_events(buffer, selector=selector, strip_objects=strip)
+                    framed = frame_events(
+                        buffer, selector=selector, strip_objects=strip, member=ctx.member
+                    )
                     if framed.consumed:
                         del buffer[: framed.consumed]
                         if framed.forwarded:
@@ -119,7 +122,13 @@ class Framed(NamedTuple):
     """Events replaced by a synthetic DELETED."""
 
 
-def frame_events(buffer: bytearray, *, selector: Selector, strip_objects: bool = False) -> Framed:
+def frame_events(
+    buffer: bytearray,
+    *,
+    selector: Selector,
+    strip_objects: bool = False,
+    member: Member | None = None,
+) -> Framed:
     """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
     events were forwarded, dropped and synthesized. Raises
     :class:`~vwserver.errors.EventTooLarge` when the unfinished rest exceeds the bound.
@@ -135,7 +144,9 @@ def frame_events(buffer: bytearray, *, selector: Selector, strip_objects: bool =
     try:
         for start, stop in lines(buffer, end):
             events += 1
-            verdict = filter_event(view[start:stop], selector, strip_objects=strip_objects)
+            verdict = filter_event(
+                view[start:stop], selector, strip_objects=strip_objects, member=member
+            )
             if not verdict.forward:
                 if run < start:
                     out.append(bytes(view[run:start]))

@@ -34,7 +34,7 @@ absent, and refuses a conflicting value or a violated expression with a 422 nami
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -42,10 +42,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
-from vwserver.k8s.types import ObjectHead
+from vwserver.holds import sees
+from vwserver.proxy import holding
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, decode_head, decode_page
+from vwserver.proxy.holding import Stored
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
 from vwserver.selector import Requirement, Selector
 
@@ -87,6 +89,7 @@ _encoder = msgspec.json.Encoder()
 async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
     body = await _json_object(ctx)
     _label_for_create(body, ctx.route.selector)
+    holding.prepare_create(ctx, body)
     async with ctx.upstream.request(
         "POST",
         ctx.upstream_url,
@@ -99,12 +102,39 @@ async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
 
 async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
     body = await _json_object(ctx)
+    labels = _labels(body)
+    refused: Invalid | None = None
     if not ctx.api.subresource:
         # A status update ignores metadata changes, so only main-resource updates can relabel.
-        _check_stays(_labels(body), ctx)
-    return await _write_checked(
-        ctx, "PUT", lambda stored: _encoder.encode(_with_resource_version(body, stored, ctx))
-    )
+        try:
+            _check_stays(labels, ctx)
+        except Invalid as e:
+            # Answered whether or not the object exists (no existence oracle) — unless it
+            # exists and is leaving the slice, where the update may release a finalizer.
+            refused = e
+
+    def prepare(stored: Stored) -> bytes:
+        if refused is not None:
+            raise refused
+        if ctx.api.subresource:
+            return _encoder.encode(_with_resource_version(body, stored, ctx))
+        send = holding.prepare_update(ctx, body, stored)
+        _check_seen_after(ctx, send)
+        return _encoder.encode(_with_resource_version(send, stored, ctx))
+
+    async def leaving(stored: Stored, since: str) -> web.StreamResponse:
+        send = _with_resource_version(holding.strip_leaving(body, stored), stored, ctx)
+        return await holding.serve_leaving(
+            ctx,
+            stored,
+            since,
+            method="PUT",
+            content_type=JSON,
+            data=_encoder.encode(send),
+            client_dry_run=ctx.options.get("dryRun") == "All",
+        )
+
+    return await _write_checked(ctx, "PUT", prepare, refused=refused, leaving=leaving)
 
 
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
@@ -152,6 +182,19 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             send: dict[str, Any] | list[Any] = patch
         else:
             send = _patch_precondition(patch, stored, content_type, ctx)
+            if content_type == APPLY_PATCH and not ctx.api.subresource:
+                send = holding.keep_holds(send, stored)
+            since = ctx.leaving(stored.metadata)
+            if since is not None:
+                return await holding.serve_leaving(
+                    ctx,
+                    stored,
+                    since,
+                    method="PATCH",
+                    content_type=content_type,
+                    data=_encoder.encode(send),
+                    client_dry_run=client_dry_run,
+                )
         data = _encoder.encode(send)
         # First the dry run, whose result must stay in the slice; then (unless the client
         # itself asked for a dry run) the real patch under the same precondition.
@@ -170,6 +213,11 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
             _check_result(body, ctx)
+            if not ctx.api.subresource:
+                plan = holding.plan_patch(ctx, stored, body)  # stored None: an apply creates
+                data = _encoder.encode(
+                    holding.with_holds(send, plan, content_type=content_type, result=body)
+                )
             if client_dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
         if not lost:  # pragma: no cover - every path through the inner loop returns or breaks
@@ -181,8 +229,15 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
     if ctx.api.subresource:
         raise MethodNotAllowed(f"DELETE is not supported on subresource {ctx.api.subresource!r}")
     options = await _delete_options(ctx)
+
+    async def leaving(stored: Stored, since: str) -> web.StreamResponse:
+        raise holding.leaving_refusal(ctx, stored)
+
     return await _write_checked(
-        ctx, "DELETE", lambda stored: _encoder.encode(_with_preconditions(options, stored, ctx))
+        ctx,
+        "DELETE",
+        lambda stored: _encoder.encode(_with_preconditions(options, stored, ctx)),
+        leaving=leaving,
     )
 
 
@@ -248,6 +303,9 @@ async def _delete_one(
     when it changed or vanished since it was listed (then it is no longer the object the
     client's selector chose), or an upstream error to relay."""
     meta = decode_head(listed).metadata
+    if not ctx.sees(meta) or ctx.leaving(meta) is not None:
+        # Listed by its labels, but another slice holds it (or it is leaving this one).
+        return None
     send = dict(options)
     send["preconditions"] = {"uid": meta.uid, "resourceVersion": meta.resourceVersion}
     async with ctx.upstream.request(
@@ -271,14 +329,26 @@ async def _delete_one(
 
 
 async def _write_checked(
-    ctx: ProxyRequest, method: str, prepare: Callable[[ObjectHead], bytes]
+    ctx: ProxyRequest,
+    method: str,
+    prepare: Callable[[Stored], bytes],
+    *,
+    refused: Invalid | None = None,
+    leaving: Callable[[Stored, str], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
     """Check that the stored object is in the slice, then send the write made conditional on
-    what was checked; if the object changed in between, check again."""
+    what was checked; if the object changed in between, check again. ``refused``: the
+    answer for an object that is missing or invisible, when the request itself is refused;
+    ``leaving``: the answer for an object that is leaving the slice."""
     for _ in range(_ATTEMPTS):
         stored = await _stored(ctx)
-        if not isinstance(stored, ObjectHead):
+        if not isinstance(stored, Stored):
+            if refused is not None and (stored is None or stored.status == 404):
+                raise refused
             return stored or ctx.not_found()
+        since = ctx.leaving(stored.metadata)
+        if since is not None:
+            return await leaving(stored, since)
         data = prepare(stored)
         async with ctx.upstream.request(
             method,
@@ -311,7 +381,7 @@ def _details(ctx: ProxyRequest) -> dict[str, object]:
 
 
 def _with_preconditions(
-    options: dict[str, Any], stored: ObjectHead, ctx: ProxyRequest
+    options: dict[str, Any], stored: Stored, ctx: ProxyRequest
 ) -> dict[str, Any]:
     """DeleteOptions conditional on the checked uid and resourceVersion. The client's own
     preconditions (e.g. client-go's uid-only ones) must hold for that object, or it gets the
@@ -354,7 +424,7 @@ async def _delete_options(ctx: ProxyRequest) -> dict[str, Any]:
 
 
 async def _lost_race(
-    ctx: ProxyRequest, status: int, content_type: str, stored: ObjectHead | None
+    ctx: ProxyRequest, status: int, content_type: str, stored: Stored | None
 ) -> bool:
     """Whether an upstream answer means the proxy's own precondition failed.
 
@@ -372,14 +442,14 @@ async def _lost_race(
     )
     if racing and stored is not None:
         now = await _stored(ctx)
-        return not isinstance(now, ObjectHead) or (
+        return not isinstance(now, Stored) or (
             now.metadata.resourceVersion != stored.metadata.resourceVersion
         )
     return False
 
 
-async def _stored(ctx: ProxyRequest) -> ObjectHead | web.StreamResponse | None:
-    """The stored object's head if it exists and is in the slice; None if it does not exist;
+async def _stored(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
+    """The stored object if it exists and is in the slice; None if it does not exist;
     the NotFound response if it exists outside the slice; an upstream error response as is.
 
     Callers answer "missing" with the same NotFound, except server-side apply, for which a
@@ -394,19 +464,46 @@ async def _stored(ctx: ProxyRequest) -> ObjectHead | web.StreamResponse | None:
             return await relay_whole(up)
         body = await read_body(up)
     head = decode_head(body)
-    if not ctx.route.selector.matches(head.metadata.labels):
+    if not ctx.sees(head.metadata):
         return ctx.not_found()
-    return head
+    return Stored(head=head, body=body)
 
 
 def _check_result(body: bytes, ctx: ProxyRequest) -> None:
     try:
-        labels = decode_head(body).metadata.labels
+        meta = decode_head(body).metadata
     except UndecodableError as e:
         # The dry run's result has labels that are not strings: kcp refuses such a patch with
         # 422 when it validates the object; say so rather than fail.
         raise Invalid(f"metadata.labels: the patched object's labels must be strings ({e})") from e
-    _check_stays(labels, ctx)
+    _check_stays(meta.labels, ctx)
+    if not ctx.sees(meta):
+        raise _hidden_by_hold(ctx)
+
+
+def _check_seen_after(ctx: ProxyRequest, body: dict[str, Any]) -> None:
+    """An update's object must stay visible to the slice: its labels (checked before) and the
+    holds of other slices, which a relabel can make leave the object."""
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    annotations = meta.get("annotations")
+    finalizers = meta.get("finalizers")
+    if not sees(
+        ctx.member,
+        labels=meta.get("labels"),
+        annotations=annotations if isinstance(annotations, dict) else None,
+        finalizers=finalizers if isinstance(finalizers, list) else None,
+    ):
+        raise _hidden_by_hold(ctx)
+
+
+def _hidden_by_hold(ctx: ProxyRequest) -> Invalid:
+    return Invalid(
+        f'{ctx.api.resource} "{ctx.api.name}": the change would move the object out of a slice '
+        "that holds it (one of its finalizers was added through that slice), which would hide "
+        f"it from the slice {ctx.route.cluster}/{ctx.route.name} until that slice lets go",
+        details=_details(ctx),
+    )
 
 
 def _check_stays(labels: dict[str, str] | None, ctx: ProxyRequest) -> None:
@@ -492,7 +589,7 @@ def _labels(body: dict[str, Any]) -> dict[str, str] | None:
 
 
 def _with_resource_version(
-    body: dict[str, Any], stored: ObjectHead, ctx: ProxyRequest
+    body: dict[str, Any], stored: Stored, ctx: ProxyRequest
 ) -> dict[str, Any]:
     """The object conditional on the checked resourceVersion; a client's own resourceVersion
     that differs is the client's 409."""
@@ -509,7 +606,7 @@ def _with_resource_version(
 
 
 def _patch_precondition(
-    patch: dict[str, Any] | list[Any], stored: ObjectHead, content_type: str, ctx: ProxyRequest
+    patch: dict[str, Any] | list[Any], stored: Stored, content_type: str, ctx: ProxyRequest
 ) -> dict[str, Any] | list[Any]:
     """The patch made conditional on the resourceVersion the proxy checked."""
     rv = stored.metadata.resourceVersion

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -278,7 +279,8 @@ func (p *printingHandler) OnDelete(obj any) {
 	p.out.emit(line)
 }
 
-// describe is what the tests compare: identity, resourceVersion, labels.
+// describe is what the tests compare: identity, resourceVersion, labels, and what decides
+// which slice may see the object (finalizers, annotations, deletionTimestamp).
 func describe(key string, obj any) map[string]any {
 	line := map[string]any{"key": key}
 	m, err := metaOf(obj)
@@ -291,7 +293,23 @@ func describe(key string, obj any) map[string]any {
 	line["name"] = m.GetName()
 	line["resourceVersion"] = m.GetResourceVersion()
 	line["labels"] = nonNil(m.GetLabels())
+	describeLifecycle(line, m)
 	return line
+}
+
+// describeLifecycle adds the object's finalizers, annotations and deletionTimestamp (RFC 3339,
+// "" while the object is not being deleted) to line.
+func describeLifecycle(line map[string]any, m metav1.Object) {
+	finalizers := m.GetFinalizers()
+	if finalizers == nil {
+		finalizers = []string{}
+	}
+	line["finalizers"] = finalizers
+	line["annotations"] = nonNil(m.GetAnnotations())
+	line["deletionTimestamp"] = ""
+	if ts := m.GetDeletionTimestamp(); ts != nil {
+		line["deletionTimestamp"] = ts.UTC().Format(time.RFC3339)
+	}
 }
 
 func nonNil(m map[string]string) map[string]string {

@@ -26,7 +26,8 @@ import (
 //
 //	{"event":"request", ...}     every HTTP request (see requestLogger)
 //	{"event":"synced"}           once the manager's caches have synced
-//	{"event":"reconcile", ...}   one line per Reconcile call: name, labels, actions, the
+//	{"event":"reconcile", ...}   one line per Reconcile call: name, labels, finalizers,
+//	                             annotations, deletionTimestamp (as read), actions, the
 //	                             resourceVersion each write produced, error
 func runReconciler(args []string) int {
 	fs := flag.NewFlagSet("reconciler", flag.ContinueOnError)
@@ -132,6 +133,7 @@ func (r *reconciler) reconcile(ctx context.Context, req ctrl.Request, line map[s
 	line["labels"] = nonNil(obj.GetLabels())
 	line["cluster"] = obj.GetAnnotations()[clusterAnnotation]
 	line["resourceVersion"] = obj.GetResourceVersion()
+	describeLifecycle(line, obj)
 
 	if obj.GetDeletionTimestamp() != nil {
 		if !controllerutil.ContainsFinalizer(obj, r.finalizer) {

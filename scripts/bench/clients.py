@@ -1,0 +1,89 @@
+"""Drive the client processes (``watch_client.py``, ``get_client.py``) from the benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from harness import HERE, TOKEN, stop
+
+ANSWER_TIMEOUT = 300.0
+ANSWER_LIMIT = 1 << 28  # bytes of one answer line (collect: every arrival time)
+
+
+class WatchClient:
+    """One ``watch_client.py`` process: watches opened, recorded and collected on command."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def _ask(self, command: str) -> str:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), ANSWER_TIMEOUT)
+        if not line:
+            raise RuntimeError(f"watch client exited ({await self.proc.wait()}) on {command!r}")
+        return line.decode()
+
+    async def open(self, group: str, count: int) -> int:
+        """Open *count* more watches of *group*; the group's total once all are established."""
+        return int((await self._ask(f"open {group} {count}")).split()[2])
+
+    async def record(self) -> None:
+        await self._ask("record")
+
+    async def collect(self) -> dict[str, dict[str, list[float]]]:
+        got: dict[str, dict[str, list[float]]] = json.loads(await self._ask("collect"))
+        return got
+
+
+@contextlib.asynccontextmanager
+async def watch_client(
+    groups: dict[str, str], *, ca: Path | None = None, prefix: str = "fanout-"
+) -> AsyncIterator[WatchClient]:
+    args = [sys.executable, str(HERE / "watch_client.py"), "--token", TOKEN, "--prefix", prefix]
+    args += [f"--group={name}={url}" for name, url in groups.items()]
+    args += ["--ca", str(ca)] if ca else []
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=ANSWER_LIMIT,
+    )
+    try:
+        yield WatchClient(proc)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # end of input: the client closes its watches and exits
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+        await stop(proc)
+
+
+async def get_load(
+    targets: dict[str, str], *, concurrency: tuple[int, ...], requests: int, rounds: int
+) -> dict[str, dict[int, list[float]]]:
+    """Latencies (seconds) per target and concurrency from one ``get_client.py`` run."""
+    args = [sys.executable, str(HERE / "get_client.py"), "--token", TOKEN]
+    args += [f"--target={name}={url}" for name, url in targets.items()]
+    args += ["--concurrency", ",".join(map(str, concurrency))]
+    args += ["--requests", str(requests), "--rounds", str(rounds)]
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 1800)
+    finally:
+        await stop(proc)
+    if proc.returncode != 0:
+        raise RuntimeError(f"get client failed ({proc.returncode})")
+    raw: dict[str, dict[str, list[float]]] = json.loads(out)
+    return {name: {int(c): v for c, v in by_c.items()} for name, by_c in raw.items()}

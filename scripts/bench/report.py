@@ -1,0 +1,114 @@
+"""The benchmark report as markdown (docs/bench/README.md): pure text from :class:`Results`."""
+
+from __future__ import annotations
+
+from results import Regression, Results
+
+#: Report sections: title, the ratio keys' prefixes, the plot, what the section shows.
+SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
+    (
+        "LIST time against object count",
+        ("list.", "rss.list_peak"),
+        "list.png",
+        "Unpaged LIST of the slice (half of the objects) through vwserver passing through, and "
+        "from vwserver's shared cache (a consistent read, and `resourceVersion=0` as informers "
+        "list), against the direct LIST of the same half with the slice's labelSelector; with "
+        "kcp also paged by the client (limit=500, as kubectl) against the direct paged LIST. "
+        "Each point is the median of the repetitions, the paths taken in turn.",
+    ),
+    (
+        "Watch fan-out: delivery latency",
+        ("fanout.",),
+        "fanout.png",
+        "One change at a time delivered to N watchers of one slice from vwserver's cache. The "
+        "watchers are raw sockets in a process of their own, which also holds one direct watch "
+        "on the upstream; delivery latency is arrival minus the write's start (CLOCK_MONOTONIC "
+        "in every process), the ratio compares the same percentile through vwserver and direct, "
+        "and *added* is the arrival through vwserver minus the direct arrival of the same event. "
+        "The upstream counts its open watches: vwserver holds one, whatever N.",
+    ),
+    (
+        "Memory per open watch",
+        ("rss.tls", "rss.plain"),
+        "rss.png",
+        "vwserver's RSS with N idle watches open (after their initial events, from a separate "
+        "process), over TLS (trustme certificates) and plain HTTP. The first watch starts the "
+        "cache and is the baseline; the figure is (RSS at the last step - RSS with one watch) "
+        "over the watches added.",
+    ),
+    (
+        "GET latency: vwserver and nginx",
+        ("get.",),
+        "gets.png",
+        "GET of one object at a fixed concurrency from a separate process (keep-alive "
+        "connections, the targets taken in turn): direct to the upstream, through vwserver "
+        "(which authenticates and authorizes every request from warm caches), and through an "
+        "nginx `proxy_pass` (one worker, keep-alive upstream) in front of the same upstream.",
+    ),
+    (
+        "Watch stream throughput",
+        ("watch.",),
+        "",
+        "The initial events of a watch-list streamed through the pass-through proxy; the ratio "
+        "is the proxy's time over the direct time (1 / the share of direct throughput).",
+    ),
+)
+
+
+def markdown(
+    results: Results, *, regressions: list[Regression] | None, common: int, baseline: str
+) -> str:
+    out = [
+        "# vwserver benchmark results",
+        "",
+        f"Written by `make bench` (`scripts/bench/run.py`, {results.mode} run) on "
+        f"{results.taken}. Every timing is a **ratio to a direct call to the same upstream "
+        "in the same run** (lower is better; 1.00 = as fast as direct), so that runs on a "
+        "busy shared machine stay comparable; the absolute times are in the details. Raw "
+        "data: [results.json](results.json). The next `make bench` compares its ratios with "
+        "the committed results.json and prints every one that got more than 20 % worse.",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in results.machine.items()),
+        *(f"| load {k} | `{v}` |" for k, v in results.load.items()),
+        "| time taken | " + ", ".join(f"{k} {v:.0f} s" for k, v in results.seconds.items()) + " |",
+        "",
+    ]
+    if results.skipped:
+        out += ["**Not measured in this run:**", ""]
+        out += [f"- {part}: {why}" for part, why in results.skipped.items()]
+        out += [""]
+    for title, prefixes, plot, about in SECTIONS:
+        keys = [k for k in results.ratios if k.startswith(prefixes)]
+        out += [f"## {title}", "", about, ""]
+        if not keys:
+            out += ["Not measured in this run.", ""]
+            continue
+        if plot:
+            out += [f"![{title}]({plot})", ""]
+        out += ["| measurement | details | figure | target |", "|---|---|---:|---|"]
+        for key in keys:
+            r = results.ratios[key]
+            figure = f"{r.value:.2f}x" if r.unit == "x" else f"{r.value:.1f} {r.unit}"
+            out.append(f"| {r.label} | {r.detail} | **{figure}** | {r.target} |")
+        out.append("")
+    if results.notes:
+        out += ["## Notes", "", *(f"- {n}" for n in results.notes), ""]
+    out += ["## Compared with the previous results", "", compared(regressions, common, baseline)]
+    return "\n".join(out) + "\n"
+
+
+def compared(regressions: list[Regression] | None, common: int, baseline: str) -> str:
+    """What the comparison with the previous results found, in one paragraph."""
+    if regressions is None:
+        return f"No previous results to compare with ({baseline})."
+    if not regressions:
+        return f"None of the {common} ratios in common with {baseline} got worse by more than 20 %."
+    lines = [f"{len(regressions)} of {common} ratios got worse by more than 20 % ({baseline}):"]
+    lines += [
+        f"- {r.label} (`{r.key}`): {r.before:.2f} → {r.after:.2f}"
+        f"{'' if r.unit == 'x' else ' ' + r.unit} (+{r.change:.0%})"
+        for r in regressions
+    ]
+    return "\n".join(lines)

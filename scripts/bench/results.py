@@ -1,0 +1,158 @@
+"""What a benchmark run produced, as data: the ratios to compare and the points to plot.
+
+Timings on a shared 2-core machine move by tens of percent between runs, so a result is kept as
+a *ratio* to a direct call to the same upstream in the same run. Every ratio here is "lower is
+better" (a throughput is stored as the proxy's time over the direct time), which lets the
+comparison with the committed results be one rule: a ratio that grew by more than the threshold
+got worse. Pure: no I/O but msgspec's JSON encoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+
+SCHEMA = 1
+REGRESSION_THRESHOLD = 0.20
+#: Points kept of a latency distribution (every half percent, min to max) for the CDF plot.
+CDF_POINTS = 201
+
+
+class Ratio(msgspec.Struct, kw_only=True):
+    """One comparable figure; lower is better."""
+
+    label: str
+    value: float
+    detail: str = ""
+    unit: str = "x"  # "x" for a ratio to direct; otherwise the unit of an absolute cost
+    target: str = ""
+
+
+class ListPoint(msgspec.Struct, kw_only=True):
+    upstream: str  # "fake" | "kcp"
+    path: str  # "direct" | "pass-through" | "cache" | "cache rv=0" | "... , client pages"
+    objects: int  # in the upstream
+    items: int  # in the answer (the slice's half)
+    seconds: float  # median
+
+
+class FanoutRun(msgspec.Struct, kw_only=True):
+    watchers: int
+    events: int
+    delivered: int
+    upstream_watches: int  # vwserver's, during the run (the direct watcher's excluded)
+    #: CPU time per delivery through vwserver while the events flowed: vwserver's, and the
+    #: watcher process's (its own cost, which lands in the latencies it reports).
+    server_cpu_us: float
+    client_cpu_us: float
+    #: Quantiles (CDF_POINTS of them) in ms: write → the direct watcher, write → each vwserver
+    #: watcher, and each vwserver watcher's arrival minus the direct one of the same event.
+    direct_ms: list[float]
+    proxied_ms: list[float]
+    added_ms: list[float]
+
+
+class RssPoint(msgspec.Struct, kw_only=True):
+    transport: str  # "TLS" | "plain HTTP"
+    watches: int
+    rss_kib: int
+
+
+class GetRun(msgspec.Struct, kw_only=True):
+    target: str  # "direct" | "vwserver" | "nginx"
+    concurrency: int
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    #: Requests per second of the run: requests / (sum of latencies / concurrency).
+    rps: float
+
+
+class Results(msgspec.Struct, kw_only=True):
+    schema: int = SCHEMA
+    mode: str  # "full" | "quick"
+    taken: str  # ISO 8601, UTC
+    machine: dict[str, str]
+    load: dict[str, str] = msgspec.field(default_factory=dict)  # `uptime` before and after
+    seconds: dict[str, float] = msgspec.field(default_factory=dict)  # per part
+    skipped: dict[str, str] = msgspec.field(default_factory=dict)  # part → why not measured
+    notes: list[str] = msgspec.field(default_factory=list)
+    ratios: dict[str, Ratio] = msgspec.field(default_factory=dict)
+    lists: list[ListPoint] = msgspec.field(default_factory=list)
+    fanout: list[FanoutRun] = msgspec.field(default_factory=list)
+    rss: list[RssPoint] = msgspec.field(default_factory=list)
+    gets: list[GetRun] = msgspec.field(default_factory=list)
+
+
+def encode(results: Results) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(results), indent=1) + b"\n"
+
+
+def decode(data: bytes) -> Results:
+    return msgspec.json.decode(data, type=Results)
+
+
+class Regression(msgspec.Struct, kw_only=True, frozen=True):
+    key: str
+    label: str
+    before: float
+    after: float
+    unit: str
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1
+
+
+def regressions(
+    before: Results, after: Results, *, threshold: float = REGRESSION_THRESHOLD
+) -> tuple[list[Regression], int]:
+    """Ratios of *after* that grew by more than *threshold* over *before*, and how many ratios
+    the two runs have in common (a ratio measured in one run only is not compared)."""
+    common = sorted(set(before.ratios) & set(after.ratios))
+    worse = [
+        Regression(
+            key=key,
+            label=after.ratios[key].label,
+            before=before.ratios[key].value,
+            after=after.ratios[key].value,
+            unit=after.ratios[key].unit,
+        )
+        for key in common
+        if before.ratios[key].value > 0
+        and after.ratios[key].value > before.ratios[key].value * (1 + threshold)
+    ]
+    return worse, len(common)
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (0 < q ≤ 100) of an ascending sequence."""
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def quantiles(values: Sequence[float], points: int = CDF_POINTS) -> list[float]:
+    """*points* evenly spaced quantiles (minimum to maximum) of *values*, rounded to µs."""
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    last = len(ordered) - 1
+    return [round(ordered[round(i * last / (points - 1))], 3) for i in range(points)]
+
+
+def quantile_at(cdf: Sequence[float], q: float) -> float:
+    """The q-th percentile (0 to 100) read back from a list made by :func:`quantiles`."""
+    if not cdf:
+        return math.nan
+    return cdf[round(q / 100 * (len(cdf) - 1))]
+
+
+def describe(ratio: Ratio) -> str:
+    """One printed line: label, detail, the figure and its target."""
+    figure = f"{ratio.value:.2f}x" if ratio.unit == "x" else f"{ratio.value:.1f} {ratio.unit}"
+    target = f"  (target {ratio.target})" if ratio.target else ""
+    return f"{ratio.label:<44} {ratio.detail:<44} {figure:>9}{target}"

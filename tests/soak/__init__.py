@@ -1,0 +1,1 @@
+"""The soak test: many TLS watches on one slice for minutes, vwserver measured from outside."""

@@ -1,0 +1,115 @@
+"""The shared watch cache in tests: whether it answered a read, and a server pair to compare.
+
+The cache falls back to kcp whenever it cannot answer exactly, and both paths answer the same;
+so a test that means the cache says so with vwserver's own count of the reads it took
+(``vwserver_cache_reads_total{verb,outcome}``). :func:`cached_and_direct` serves the same slices
+twice in front of one fake upstream — reads from the cache, and reads passed to the upstream —
+for tests that compare the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.serve import NO_AUTH, serve_app
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import Clock, SystemClock
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.metrics import ServerMetrics
+from vwserver.proxy.upstream import UpstreamClient
+from vwserver.routes import Routes, RouteTable
+from vwserver.server import build_app
+
+
+async def cache_reads(
+    session: aiohttp.ClientSession, base: str, *, verb: str, outcome: str
+) -> float:
+    """How many ``verb`` reads vwserver at ``base`` counted as ``outcome`` (``served`` from the
+    cache, ``fallback`` to kcp)."""
+    async with session.get(f"{base}/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith("vwserver_cache_reads_total{") and (
+            f'verb="{verb}"' in line and f'outcome="{outcome}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def until_counted(
+    session: aiohttp.ClientSession,
+    base: str,
+    *,
+    verb: str,
+    outcome: str,
+    count: float,
+    within: float = 10.0,
+) -> None:
+    """Wait until vwserver counted ``count`` such reads, and no more. A watch is counted when
+    it ends: after its client left, which the server notices on its own time."""
+    async with asyncio.timeout(within):
+        while await cache_reads(session, base, verb=verb, outcome=outcome) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert await cache_reads(session, base, verb=verb, outcome=outcome) == count
+
+
+@dataclass
+class CachedAndDirect:
+    fake: FakeUpstream
+    cached: str
+    """The server that reads from the cache."""
+    direct: str
+    """The server that passes every read to the upstream."""
+    session: aiohttp.ClientSession
+    registry: CacheRegistry
+
+
+@contextlib.asynccontextmanager
+async def cached_and_direct(
+    upstream: FakeUpstream,
+    *,
+    routes: Callable[[str], RouteTable],
+    token: str,
+    seed: Callable[[FakeUpstream], None],
+    clock: Clock | None = None,
+    within: float = 10.0,
+) -> AsyncIterator[CachedAndDirect]:
+    """``upstream`` started and ``seed``-ed, and two servers of ``routes(<its URL>)`` in front
+    of it (vwserver's identity: ``token``; lists paged upstream two by two); the cache reads
+    with ``clock``. ``within``: the session's timeout."""
+    async with start_fake_upstream(upstream) as (fake, vw_url):
+        seed(fake)
+        origin = vw_url.removesuffix(fake.base_path)
+        auth = ClientAuth(server=origin, token=token)
+        async with KubeClient(auth=auth) as client:
+            metrics = ServerMetrics()
+            registry = CacheRegistry(
+                client=client, clock=clock or SystemClock(), idle_seconds=60, metrics=metrics
+            )
+            apps = [
+                build_app(
+                    routes=Routes(routes(vw_url)),
+                    upstream=UpstreamClient(auth=auth),
+                    page_size=2,
+                    guard=NO_AUTH,
+                    cache=cache,
+                    metrics=metrics if cache is not None else None,
+                )
+                for cache in (registry, None)
+            ]
+            try:
+                async with (
+                    serve_app(apps[0]) as cached,
+                    serve_app(apps[1]) as direct,
+                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
+                ):
+                    yield CachedAndDirect(fake, cached, direct, session, registry)
+            finally:
+                await registry.aclose()

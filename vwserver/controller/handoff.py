@@ -1,0 +1,329 @@
+"""The handoff loop: the writes that holds need beyond a client's own (:mod:`vwserver.holds`).
+
+Membership is computed from an object alone, so most of the handoff needs no writes. Three
+things do, and this loop makes them from what the shared watch cache holds:
+
+* **When the move was seen.** An object that a slice holds and no longer matches shows there
+  as being deleted since the time vwserver first saw it leave. That time is written into the
+  slice's entry of the holds annotation (``leavingSince``), so that every replica and every
+  restart shows the same deletionTimestamp; it is cleared when the object matches again.
+* **Hold timeouts.** A slice may bound how long it holds a leaving object
+  (``holdTimeoutSeconds``); past it, the slice's finalizers are removed from the object and its
+  entry with them.
+* **The operator's escape hatch.** ``sync.edge-connect.eu/release: <slice cluster>/<slice
+  name>`` (or ``*``) set directly on the object in kcp ends those holds the same way.
+
+Ended holds are logged (the audit trail: object, slice, finalizers, why) and counted in
+``vwserver_handoff_holds_ended_total{reason}``; holds that have been leaving for longer than
+``stuck_after`` are counted per slice (:meth:`Handoff.stuck`) for the slice's ``HoldsReleased``
+condition. Every write is one JSON patch that starts with
+a ``test`` of the resourceVersion the decision was made on, so replicas racing each other, or a
+client's write in between, cost a failed test and a new decision on the next scan — never a
+lost finalizer.
+
+The loop scans the objects of the running shared resources every ``interval`` seconds (it does
+not subscribe: a resource nobody reads still stops when idle; a move is then seen when the
+first reader starts it again, and shown from then on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from vwserver.cache.entries import Entry, Meta
+from vwserver.cache.registry import CacheRegistry
+from vwserver.cache.shared import SharedResource
+from vwserver.clock import Clock, rfc3339
+from vwserver.errors import ApiError, UpstreamUnavailable
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    RELEASE_ANNOTATION,
+    Hold,
+    effective_holds,
+    parse_holds,
+    render_holds,
+)
+from vwserver.metrics import ServerMetrics
+from vwserver.routes import Routes
+from vwserver.selector import Selector
+
+log = logging.getLogger(__name__)
+
+JSON_PATCH: Final = "application/json-patch+json"
+RELEASE_ALL: Final = "*"
+_MIN_GAP: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class StuckHolds:
+    """How many objects have been leaving a slice for too long, and since when the oldest."""
+
+    count: int
+    oldest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one object needs: its new finalizers and annotations (None: unchanged)."""
+
+    finalizers: list[str] | None
+    holds: str | None
+    remove_release: bool
+    ended: list[tuple[str, tuple[str, ...], str]]
+    """(slice id, finalizers removed, reason) of each hold that ends."""
+    recorded: list[str]
+    """Slice ids whose ``leavingSince`` is recorded now."""
+
+
+def _pointer(key: str) -> str:
+    # RFC 6901: "~" is written "~0" and "/" is written "~1" in a JSON pointer token.
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def decide(
+    *,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    finalizers: Iterable[str],
+    selector_of: Callable[[str], Selector | None],
+    timeout_of: Callable[[str], float | None],
+    now: datetime,
+) -> Decision | None:
+    """What the holds of one object need now (pure). Slices this server does not know are
+    left alone: another server may serve them, and their holds stay until it or the operator
+    ends them."""
+    recorded = parse_holds(annotations.get(HOLDS_ANNOTATION))
+    release = annotations.get(RELEASE_ANNOTATION)
+    if not recorded and release is None:
+        return None
+    present = list(finalizers)
+    holds: dict[str, Hold] = {}
+    ended: list[tuple[str, tuple[str, ...], str]] = []
+    started: list[str] = []
+    for sid, hold in recorded.items():
+        kept = tuple(f for f in hold.finalizers if f in present)
+        if not kept:
+            continue  # a stale entry: dropped with the next write
+        if release is not None and release in (sid, RELEASE_ALL):
+            ended.append((sid, kept, "released"))
+            continue
+        selector = selector_of(sid)
+        since = hold.leavingSince
+        if selector is not None:
+            if selector.matches(labels):
+                since = ""
+            elif not since:
+                since = rfc3339(now)
+                started.append(sid)
+            else:
+                timeout = timeout_of(sid)
+                began = _parse_time(since)
+                if timeout and began is not None and began + timedelta(seconds=timeout) <= now:
+                    ended.append((sid, kept, "timeout"))
+                    continue
+        holds[sid] = Hold(finalizers=kept, leavingSince=since)
+    removed = {f for _, fs, _ in ended for f in fs}
+    new_finalizers = [f for f in present if f not in removed] if removed else None
+    value = render_holds(holds)
+    holds_changed = value != render_holds(recorded)  # as written, whatever its spacing
+    if not holds_changed and new_finalizers is None and release is None:
+        return None
+    return Decision(
+        finalizers=new_finalizers,
+        holds=value,
+        remove_release=release is not None,
+        ended=ended,
+        recorded=started,
+    )
+
+
+def _parse_time(text: str) -> datetime | None:
+    """An RFC 3339 time; None when it is none (then the hold never times out)."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> list[Any]:
+    """The conditional JSON patch that carries out ``decision``."""
+    ops: list[Any] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
+    ]
+    if decision.finalizers is not None:
+        ops.append({"op": "replace", "path": "/metadata/finalizers", "value": decision.finalizers})
+    if decision.holds is not None:
+        ops.append({"op": "add", "path": _pointer(HOLDS_ANNOTATION), "value": decision.holds})
+    elif had_holds:
+        ops.append({"op": "remove", "path": _pointer(HOLDS_ANNOTATION)})
+    if decision.remove_release:
+        ops.append({"op": "remove", "path": _pointer(RELEASE_ANNOTATION)})
+    return ops
+
+
+class Handoff:
+    """Scans the shared resources of ``registry`` and writes what holds need (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        registry: CacheRegistry,
+        routes: Routes,
+        clock: Clock,
+        interval: float = 2.0,
+        stuck_after: float = 300.0,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self._registry = registry
+        self._routes = routes
+        self._clock = clock
+        self._interval = interval
+        self._metrics = metrics
+        self._wake = asyncio.Event()
+        self._stuck_after = timedelta(seconds=stuck_after)
+        self._stuck: dict[str, StuckHolds] = {}
+        self._counting: dict[str, StuckHolds] = {}
+        self._failed: dict[tuple[str, str, str, str], int] = {}
+        """Objects whose last write failed, by (resource, key): the resourceVersion it was
+        decided on, so that an object is retried only once it changed."""
+
+    def wake(self) -> None:
+        """Scan now: a read found an object leaving a slice whose move is not recorded yet (so
+        the slice's clients see the deletion one write later, not one interval later)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Scan until cancelled: every ``interval`` seconds, and at once when woken."""
+        while True:
+            self._wake.clear()
+            self._counting = {}
+            for resource in self._registry.resources():
+                if resource.synced and not resource.stopped:
+                    await self.scan(resource)
+            self._stuck = self._counting
+            await self._pause()
+
+    async def _pause(self) -> None:
+        # Reads can wake the loop as often as they come: at most one scan per _MIN_GAP of real
+        # time, so a move that cannot be recorded (its write refused) costs no busy loop.
+        await asyncio.sleep(_MIN_GAP)
+        sleep = asyncio.ensure_future(self._clock.sleep(self._interval))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (sleep, woken):
+                waiter.cancel()
+            await asyncio.gather(sleep, woken, return_exceptions=True)
+
+    def stuck(self, sid: str) -> StuckHolds | None:
+        """The holds of slice ``sid`` that have been leaving for longer than ``stuck_after``,
+        as of the last full scan (None: none)."""
+        return self._stuck.get(sid)
+
+    def _count_stuck(self, meta: Meta, now: datetime) -> None:
+        for sid, hold in effective_holds(meta.annotations, meta.finalizers).items():
+            began = _parse_time(hold.leavingSince) if hold.leavingSince else None
+            selector = self._routes.selector_of(sid)
+            if began is None or selector is None or selector.matches(meta.labels):
+                continue
+            if began + self._stuck_after <= now:
+                seen = self._counting.get(sid)
+                oldest = min(seen.oldest, hold.leavingSince) if seen else hold.leavingSince
+                self._counting[sid] = StuckHolds(
+                    count=(seen.count if seen else 0) + 1, oldest=oldest
+                )
+
+    async def scan(self, resource: SharedResource) -> None:
+        """Carry out what every object of ``resource`` needs now."""
+        now = self._clock.now()
+        for entry in resource.store.snapshot():
+            meta = entry.meta
+            annotations = meta.annotations
+            if HOLDS_ANNOTATION not in annotations and RELEASE_ANNOTATION not in annotations:
+                continue
+            self._count_stuck(meta, now)
+            decision = decide(
+                labels=meta.labels,
+                annotations=meta.annotations,
+                finalizers=meta.finalizers,
+                selector_of=self._routes.selector_of,
+                timeout_of=self._timeout_of,
+                now=now,
+            )
+            if decision is None:
+                continue
+            key = (resource.url, *entry_key(entry))
+            if self._failed.get(key) == meta.resource_version:
+                continue
+            await self._write(resource, entry, decision, key)
+
+    def _timeout_of(self, sid: str) -> float | None:
+        cluster, _, name = sid.partition("/")
+        route = self._routes.table.lookup(cluster, name)
+        return route.hold_timeout if route is not None else None
+
+    async def _write(
+        self,
+        resource: SharedResource,
+        entry: Entry,
+        decision: Decision,
+        key: tuple[str, str, str, str],
+    ) -> None:
+        meta = entry.meta
+        ops = patch_for(
+            decision,
+            resource_version=str(meta.resource_version),
+            had_holds=HOLDS_ANNOTATION in meta.annotations,
+        )
+        path = object_path(resource, cluster=meta.cluster, namespace=meta.namespace, name=meta.name)
+        try:
+            await self._registry.client.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        except (ApiError, UpstreamUnavailable) as e:
+            # A failed test (the object changed since it was scanned) answers 422; the next
+            # scan decides again on the new version.
+            self._failed[key] = meta.resource_version
+            log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
+            return
+        self._failed.pop(key, None)
+        for sid in decision.recorded:
+            log.info(
+                "object %s/%s (logical cluster %s) is leaving slice %s",
+                meta.namespace,
+                meta.name,
+                meta.cluster,
+                sid,
+            )
+        for sid, finalizers, reason in decision.ended:
+            # The audit trail of an ended hold: what was removed from which object, and why.
+            log.warning(
+                "hold of slice %s on %s/%s (logical cluster %s, %s) ended by %s: removed "
+                "finalizers %s",
+                sid,
+                meta.namespace,
+                meta.name,
+                meta.cluster,
+                resource.api_path,
+                "the release annotation" if reason == "released" else "its hold timeout",
+                ", ".join(finalizers),
+            )
+            if self._metrics is not None:
+                self._metrics.holds_ended.labels(reason).inc()
+
+
+def entry_key(entry: Entry) -> tuple[str, str, str]:
+    meta = entry.meta
+    return (meta.cluster, meta.namespace, meta.name)
+
+
+def object_path(resource: SharedResource, *, cluster: str, namespace: str, name: str) -> str:
+    """The URL of one object of ``resource`` in logical cluster ``cluster``."""
+    prefix, _, plural = resource.api_path.rpartition("/")
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{resource.upstream}/clusters/{cluster}{prefix}{scope}/{plural}/{name}"
