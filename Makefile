@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup kcp go-clients run run-sync test check lint typecheck pytest unit integration e2e bench lock clean
+.PHONY: setup kcp go-clients run run-sync test check lint typecheck pytest unit integration e2e bench soak lock clean
 
 setup: $(STAMP) kcp
 
@@ -65,6 +65,10 @@ integration: $(STAMP)
 
 e2e: $(STAMP) kcp go-clients
 	@$(call run_pytest,-q tests/e2e)
+
+# The soak test at full length: 1,000 TLS watches, 10 minutes of changes (CI runs 75 s).
+soak: $(STAMP) kcp
+	@VWSERVER_SOAK_SECONDS=$${VWSERVER_SOAK_SECONDS:-600} $(call run_pytest,-q tests/soak)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench/run.py

@@ -46,6 +46,7 @@ __all__ = [
     "Hold",
     "Member",
     "WritePlan",
+    "annotation_pointer",
     "as_leaving",
     "effective_holds",
     "leaving_since",
@@ -66,6 +67,11 @@ PROXY_ANNOTATIONS: Final = frozenset({HOLDS_ANNOTATION, RELEASE_ANNOTATION})
 
 Peers = Callable[[str], Selector | None]
 """The current selector of a slice by id; None for a slice this server does not know."""
+
+
+def annotation_pointer(key: str) -> str:
+    """The JSON pointer of annotation ``key`` (RFC 6901: ``~`` is ``~0``, ``/`` is ``~1``)."""
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def slice_id(cluster: str, name: str) -> str:

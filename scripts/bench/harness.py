@@ -219,6 +219,30 @@ slices:
             yield Proxy(base, proc.pid, slice_cluster)
 
 
+async def cache_reads(proxy: Proxy) -> dict[str, int]:
+    """vwserver's cache reads so far by outcome: ``served`` from the cache, or ``fallback``
+    (the cache could not answer in time, and the upstream did)."""
+    async with aiohttp.ClientSession() as s, s.get(f"{proxy.base}/metrics") as r:
+        text = await r.text()
+    reads = {"served": 0, "fallback": 0}
+    for line in text.splitlines():
+        if line.startswith("vwserver_cache_reads_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            reads[outcome] = reads.get(outcome, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return reads
+
+
+def note_cache_reads(results: Results, what: str, reads: dict[str, int]) -> None:
+    """Say how many of the cache's reads it answered itself: a LIST that finds the cache not
+    synced waits for it, then goes to the upstream, and is timed as the cache path all the same."""
+    note = (
+        f"{what}: {reads['served']} reads answered by vwserver's cache, "
+        f"{reads['fallback']} by the upstream after waiting for the cache"
+    )
+    results.notes.append(note)
+    print(f"{'':<44} {note}")
+
+
 def _status_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):

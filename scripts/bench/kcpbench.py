@@ -23,7 +23,9 @@ from harness import (
     SELECTOR,
     WATCH_PARAMS,
     Proxy,
+    cache_reads,
     list_once,
+    note_cache_reads,
     paged,
     peak_rss_kib,
     timed_rounds,
@@ -149,6 +151,7 @@ async def measure(
                 ("cache, client pages", "cache_pages", PAGED, "≤ 0.25"),
             ),
         )
+        note_cache_reads(results, f"kcp, {objects:,} objects", await cache_reads(cx))
         print(
             f"{'':<44} peak RSS pass-through {peak_rss_kib(px.pid) / 1024:.1f} MiB, "
             f"cache {peak_rss_kib(cx.pid) / 1024:.1f} MiB"

@@ -11,9 +11,11 @@ from __future__ import annotations
 from harness import (
     SELECTOR,
     WATCH_PARAMS,
+    cache_reads,
     fake_upstream,
     list_once,
     ms,
+    note_cache_reads,
     peak_rss_kib,
     record,
     session,
@@ -54,6 +56,7 @@ async def bench_lists(
                     ("cache rv=0", "cache_rv0", "direct", "≤ 1.50"),
                 ),
             )
+            note_cache_reads(results, f"fake, {objects:,} objects", await cache_reads(cx))
             peaks[objects] = peak_rss_kib(px.pid)
             print(
                 f"{'':<44} peak RSS pass-through {peaks[objects] / 1024:.1f} MiB, "

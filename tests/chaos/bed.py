@@ -15,15 +15,14 @@ bootstrap`, :mod:`devenv.slices`), and differ from the test bed in three ways:
 * **A relay in front.** kcp publishes its virtual-workspace URLs with the relay's port
   (``--shard-virtual-workspace-url``) and vwserver's ``upstream.server`` is the relay, so every
   byte between vwserver and kcp — the controller's, the cache's, the proxy's, the reviews' —
-  passes :class:`~tests.support.relay.Relay`, which a test stalls and cuts. The tests' own
-  writes go to kcp directly.
+  passes :class:`~tests.support.relay.Relay`, which a test stalls and cuts. The tests' direct
+  writes and reads of kcp do not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -36,6 +35,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devenv.bootstrap import Bootstrap, Workspace, bootstrap, get_json, poll
+from devenv.demo import stop_process
 from devenv.kcp import REPO_ROOT, KcpInstance, KcpProcess, free_ports
 from devenv.slices import KIND, bind_api, install_api, slice_manifest
 from tests.support.relay import Relay
@@ -104,12 +104,12 @@ class ChaosKcp:
         self,
         *,
         external_url: str | None = None,
-        cache: bool = True,
         lease: Mapping[str, Any] | None = None,
         resync: float = 30.0,
     ) -> dict[str, Any]:
-        """vwserver's config in kcp mode through the relay: the slice ``prod`` from kcp, and
-        ``prod-direct`` (static, ``cache: false``); ``cache``: the shared watch cache on."""
+        """vwserver's config in kcp mode through the relay: the slice ``prod`` from kcp (read
+        through the shared watch cache, on by default), and ``prod-direct`` (static,
+        ``cache: false``: every read passed to kcp)."""
         controller: dict[str, Any] = {"export": {"path": self.api.path}, "resyncSeconds": resync}
         if lease is not None:
             controller["lease"] = dict(lease)
@@ -126,7 +126,6 @@ class ChaosKcp:
                     "cache": False,
                 }
             ],
-            "cache": {"enabled": cache},
             "logFormat": "json",
             "shutdownGracePeriodSeconds": 2,
         }
@@ -247,7 +246,6 @@ class VwServer:
         self.config_file = workdir / f"{name}.yaml"
         self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
         self.log_file = workdir / f"{name}.log"
-        self.starts = 0
         self._reaper = reaper
         self._process: asyncio.subprocess.Process | None = None
 
@@ -269,7 +267,6 @@ class VwServer:
             )  # fmt: skip
         self._reaper.add(process)
         self._process = process
-        self.starts += 1
 
         async def ready() -> bool | None:
             if self._process is not None and self._process.returncode is not None:
@@ -295,16 +292,8 @@ class VwServer:
     async def stop(self) -> None:
         """SIGTERM (a graceful shutdown), SIGKILL after 10 s."""
         process, self._process = self._process, None
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await asyncio.wait_for(process.wait(), 10)
+        if process is not None:
+            await stop_process(process)
 
     async def get(self, path: str) -> tuple[int, str]:
         """Status and text of an unauthenticated GET (health, metrics); 0 when nobody answers."""
@@ -322,14 +311,6 @@ class VwServer:
         status, text = await self.get("/metrics")
         assert status == 200, f"{self.name} /metrics: {status}"
         return parse_metrics(text)
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        """Its JSON log lines (every run's), in order."""
-        lines = []
-        for raw in self.log_file.read_text(errors="replace").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                lines.append(json.loads(raw))
-        return lines
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_file.read_text(errors="replace").splitlines()[-lines:]

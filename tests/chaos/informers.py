@@ -23,6 +23,11 @@ from tests.support.go_clients import GoClient, State, informer_args, view
 from tests.support.vwserver_process import Reaper
 
 SYNC_TIMEOUT = 60.0
+CONVERGE_WITHIN = 120.0
+"""Seconds informers get to converge once the writes are done. Not vwserver's latency:
+client-go's reflector waits between two list+watch attempts with a backoff that grows with
+every failed one (connection refused while a server is down) up to 30 s, plus up to 100 %
+jitter, so a client that failed a few times may wait a minute before it relists."""
 RESOURCE = "widgets"
 
 
@@ -98,7 +103,11 @@ def difference(held: Mapping[str, State], truth: Mapping[str, State]) -> str:
 
 
 async def converge(
-    informers: Iterable[Informer], namespace: str, truth: Mapping[str, State], *, within: float
+    informers: Iterable[Informer],
+    namespace: str,
+    truth: Mapping[str, State],
+    *,
+    within: float = CONVERGE_WITHIN,
 ) -> float:
     """Until every informer's view of ``namespace`` is ``truth``; the seconds it took. Fails
     naming what each informer still differs in."""

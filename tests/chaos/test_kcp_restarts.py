@@ -37,7 +37,6 @@ from tests.support.vwserver_process import Reaper
 
 KILLS = int(os.environ.get("VWSERVER_CHAOS_KCP_KILLS", "5"))
 WRITES = int(os.environ.get("VWSERVER_CHAOS_WRITES", "1000"))
-CONVERGE_WITHIN = 120.0
 
 pytestmark = pytest.mark.timeout(300 + 60 * KILLS + WRITES // 10)
 
@@ -80,7 +79,7 @@ async def test_informers_converge_while_kcp_is_killed_and_restarted(
                     with contextlib.suppress(asyncio.CancelledError):
                         await writing
             truth = await read_truth(bed, namespace)
-            took = await converge(informers, namespace, truth, within=CONVERGE_WITHIN)
+            took = await converge(informers, namespace, truth)
             codes = {i.name: await i.client.stop() for i in informers}
         samples = await server.metrics()
     finally:
@@ -97,7 +96,7 @@ async def test_informers_converge_while_kcp_is_killed_and_restarted(
         f"{writer.done} writes ({writer.retries} retried) on {len(plan)} objects, "
         f"{len(truth)} in the slice at the end; kcp killed {KILLS}x, ready again after "
         f"{', '.join(f'{s:.0f}' for s in bed.restarts[-KILLS:])} s; informers converged "
-        f"{took:.1f} s after the last write; cache reflector restarts: {gone:.0f} relists "
+        f"{took:.1f} s after the writes; cache reflector restarts: {gone:.0f} relists "
         f"(410), {errors:.0f} errors\n"
         + "\n".join(f"  {name}: {line}" for name, line in figures.items())
     )

@@ -96,11 +96,14 @@ async def test_the_other_replica_takes_over_status_writes_and_both_serve(
         await a.start()
         await wait_served(bed, a)
         assert await _lists(bed, a) == 200
-        await asyncio.sleep(3)  # a few of the standby's lease reads
+        standby = f"lease default/{lease} is held by replica-b"
+        await _until(
+            "replica-a to read the lease as a standby",
+            lambda: _logged(a.log_file.read_text(errors="replace"), standby), True,
+        )  # fmt: skip
         assert await _holder(bed, lease) == "replica-b"
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
-        b_metrics = await b.metrics()
     finally:
         for replica in (a, b):
             await replica.stop()
@@ -112,12 +115,9 @@ async def test_the_other_replica_takes_over_status_writes_and_both_serve(
 
     assert holder == "replica-b"
     assert not failures, f"requests through replica-b failed during the takeover: {failures}"
-    assert any(name == "vwserver_requests_total" for name, _ in b_metrics), (
-        "replica-b counted no request"
-    )
     observe(
         f"replica-a killed: replica-b held the lease after {took_lease:.1f} s (lease "
-        f"{LEASE_DURATION:.0f} s) and wrote the changed slice's status after "
+        f"{LEASE_DURATION:.0f} s) and wrote the new slice's status after "
         f"{wrote_status:.1f} s; replica-b answered every LIST meanwhile"
     )
 
@@ -132,6 +132,12 @@ async def _until(what: str, probe: Callable[[], Any], want: object, *, within: f
             return last
         await asyncio.sleep(0.25)
     raise AssertionError(f"not within {within:.0f}s: {what} (last seen: {last!r})")
+
+
+async def _logged(log: str, text: str) -> bool:
+    """Whether ``text`` is in the log (a replica's first run, as the first holder, never
+    logs whom the lease is held by)."""
+    return text in log
 
 
 async def _holder(bed: ChaosKcp, lease: str) -> str | None:

@@ -11,7 +11,7 @@ three ways in turn, each while a part of the writes happens:
 * **down** (connections refused) for longer than the controller's resync: the slice fails
   closed — its export and its owner's consent cannot be re-checked, so it answers 503 until
   they can — and every request through either slice gets a clean 503 Status; once the relay
-  is back, both slices serve again and ``/readyz`` is 200.
+  is back, both slices serve again, ``/readyz`` is 200 and the cache reports no error.
 
 Then every informer holds exactly kcp's objects in the slice and every handler call fits the
 writes (:mod:`tests.chaos.history`). What ``/readyz`` and the slice's status said in each phase
@@ -25,9 +25,11 @@ Length: ``VWSERVER_CHAOS_STALL_SECONDS`` (default 10), ``VWSERVER_CHAOS_DOWN_SEC
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ DOWN = float(os.environ.get("VWSERVER_CHAOS_DOWN_SECONDS", "25"))
 WRITES = int(os.environ.get("VWSERVER_CHAOS_RELAY_WRITES", "300"))
 RESYNC = 8.0
 SERVED_AGAIN_WITHIN = 60.0
+PROBE_TIMEOUT = 5.0
 
 pytestmark = pytest.mark.timeout(300 + STALL + DOWN + WRITES // 5)
 
@@ -74,20 +77,39 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
     phase = ["before"]
 
     async def listen() -> None:
-        """What /readyz, the slice's status and a LIST through each slice say, per phase."""
-        async with bed.kcp.http_session(timeout=15) as session:
+        """What /readyz, the slice's status and a LIST through each slice say, per phase (each
+        probe in a loop of its own: one that hangs in a stall does not hold up the others)."""
+
+        def record(line: str, started_in: str) -> None:
+            said.setdefault(started_in, Counter())[line] += 1
+
+        async def probe(ask: Callable[[], Awaitable[str]]) -> None:
             while True:
-                seen = said.setdefault(phase[0], Counter())
-                status, text = await server.get("/readyz")
-                seen[f"/readyz {status} {text.strip()[:120]!r}"] += 1
-                conditions = (await bed.slice_status()).get("conditions") or []
-                ready: dict[str, Any] = next(
-                    (c for c in conditions if c.get("type") == "Ready"), {}
-                )
-                seen[f"status Ready={ready.get('status')} ({ready.get('reason')})"] += 1
-                for name in (SLICE, DIRECT_SLICE):
-                    seen[f"LIST {name} {await _list(session, bed, server, name)}"] += 1
+                started_in = phase[0]
+                record(await ask(), started_in)
                 await asyncio.sleep(0.5)
+
+        async def readyz() -> str:
+            status, text = await server.get("/readyz")
+            return f"/readyz {status} {text.strip()[:120]!r}"
+
+        async def slice_status() -> str:
+            conditions = (await bed.slice_status()).get("conditions") or []
+            ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+            return f"status Ready={ready.get('status')} ({ready.get('reason')})"
+
+        # A short timeout: during a stall a request through vwserver hangs, and that is what
+        # is recorded (as TimeoutError).
+        async with bed.kcp.http_session(timeout=PROBE_TIMEOUT) as session:
+
+            async def lists(name: str) -> str:
+                return f"LIST {name} {await _list(session, bed, server, name)}"
+
+            await asyncio.gather(
+                probe(readyz),
+                probe(slice_status),
+                *(probe(functools.partial(lists, name)) for name in (SLICE, DIRECT_SLICE)),
+            )
 
     try:
         await server.start()
@@ -135,12 +157,13 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
                     phase[0] = "up again"
                     bed.relay.up()
                     await _served_again(bed, server)
+                    await _cache_recovered(server)
                 finally:
                     bed.relay.up()
                     listening.cancel()
                     await asyncio.gather(listening, return_exceptions=True)
             truth = await read_truth(bed, namespace)
-            took = await converge(informers, namespace, truth, within=120)
+            took = await converge(informers, namespace, truth)
             codes = {i.name: await i.client.stop() for i in informers}
         status, text = await server.get("/readyz")
     finally:
@@ -152,14 +175,15 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
     for informer in informers:
         assert final_cache(informer, namespace) == truth, f"{informer.name}: final cache"
     figures = assert_histories(informers, plan, namespace)
-    # refused connections: every request through either slice got a clean 503
+    # refused connections: every answer through either slice was a clean 503 (a probe that got
+    # no answer in time on a busy machine is no answer)
     down = said.get("down", Counter())
-    answers = {line for line in down if line.startswith("LIST ")}
-    assert answers <= {f"LIST {n} 503" for n in (SLICE, DIRECT_SLICE)}, down
+    answers = {line for line in down if line.startswith("LIST ") and "Timeout" not in line}
+    assert answers == {f"LIST {n} 503" for n in (SLICE, DIRECT_SLICE)}, down
     observe(
         f"{writer.done} direct writes on {len(plan)} objects; relay stalled {STALL:.0f} s, "
         f"cut {cuts}x ({bed.relay.cuts} connections reset in all), down {DOWN:.0f} s; "
-        f"informers converged {took:.1f} s after kcp was read\n"
+        f"informers converged {took:.1f} s after the writes\n"
         + "\n".join(
             f"  {p}: " + "; ".join(f"{line} x{n}" for line, n in sorted(seen.items()))
             for p, seen in said.items()
@@ -196,3 +220,18 @@ async def _served_again(bed: ChaosKcp, server: VwServer) -> None:
                     f" {answers}, /readyz {ready}\n{server.log_tail()}"
                 )
             await asyncio.sleep(0.5)
+
+
+async def _cache_recovered(server: VwServer) -> None:
+    """Until ``/debug/cache`` shows no error for any shared resource: the outage's error is
+    cleared once a new watch delivers, not when that watch ends minutes later."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SERVED_AGAIN_WITHIN
+    while True:
+        status, text = await server.get("/debug/cache")
+        resources = json.loads(text)["resources"] if status == 200 else []
+        if resources and all(r["last_error"] is None and r["synced"] for r in resources):
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"the cache still reports an error after the outage: {text}")
+        await asyncio.sleep(0.5)

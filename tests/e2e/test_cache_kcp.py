@@ -36,10 +36,15 @@ class CountingClient(KubeClient):
     watches = 0
 
     async def request_raw(
-        self, method: str, path: str, *, query: Iterable[tuple[str, str]] = ()
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        accept: str = "application/json",
     ) -> bytes:
         self.lists += 1
-        return await super().request_raw(method, path, query=query)
+        return await super().request_raw(method, path, query=query, accept=accept)
 
     def watch_raw(
         self,
@@ -47,9 +52,10 @@ class CountingClient(KubeClient):
         *,
         query: Iterable[tuple[str, str]] = (),
         idle_timeout: float | None = None,
+        accept: str = "application/json",
     ) -> AsyncGenerator[RawEvent, None]:
         self.watches += 1
-        return super().watch_raw(path, query=query, idle_timeout=idle_timeout)
+        return super().watch_raw(path, query=query, idle_timeout=idle_timeout, accept=accept)
 
 
 async def first_event_named(

@@ -583,3 +583,54 @@ async def test_lists_kcp_answers_show_the_leaving_object_too(world: World) -> No
         "GET", world.everywhere("b"), {"fieldSelector": "metadata.namespace=ns1"}
     )
     assert code == 200 and page["items"] == []
+
+
+async def test_a_watch_from_a_version_the_cache_has_not_reached_is_served_from_it(
+    world: World,
+) -> None:
+    """An informer that listed from kcp (a consistent LIST the cache could not catch up with)
+    watches from a resourceVersion newer than the cache's: served from the cache — whose views
+    show objects leaving the slice — skipping the changes up to it, rather than by kcp."""
+    code, listed = await world.call("GET", world.url("a"))
+    assert code == 200
+    now = int(listed["metadata"]["resourceVersion"])
+    ahead = now + 2  # two changes the client "already has"
+    async with world.session.get(
+        world.url("a"), params={"watch": "1", "resourceVersion": str(ahead)}
+    ) as watch:
+        for i in range(3):
+            world.fake.create(cluster="c1", obj=widget(f"ahead-{i}", region="a"))
+        events = await _events(watch, until=lambda e: e["type"] == "ADDED")
+    assert [e["object"]["metadata"]["name"] for e in events] == ["ahead-2"]
+    assert int(events[0]["object"]["metadata"]["resourceVersion"]) > ahead
+    # kcp did not answer it (a fallback is counted when it happens; a served watch when it ends)
+    fallback = b'vwserver_cache_reads_total{outcome="fallback",verb="watch"} '
+    assert not any(
+        line.startswith(fallback) and float(line[len(fallback) :]) > 0
+        for line in world.metrics.render().splitlines()
+    )
+
+
+async def test_a_client_page_kcp_answers_is_filled_to_its_limit(world: World) -> None:
+    """kcp is asked without the slice's selector, so its pages hold objects of other slices:
+    the proxy fills the client's page to its limit from further upstream pages (as the
+    apiserver fills a page with what its predicate takes), then hands out kcp's token."""
+    for i in range(6):
+        world.fake.create(cluster="c1", obj=widget(f"other-{i}", region="b"))
+        world.fake.create(cluster="c1", obj=widget(f"mine-{i}", region="a"))
+    query = {"fieldSelector": "metadata.namespace=ns1", "limit": "4"}
+    names: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        params = {**query, "continue": token} if token else query
+        code, page = await world.call_with("GET", world.everywhere("a"), params)
+        assert code == 200, page
+        pages += 1
+        items = [i["metadata"]["name"] for i in page["items"]]
+        token = page["metadata"].get("continue", "")
+        assert len(items) == 4 or not token, items  # full pages, but the last
+        names += items
+        if not token:
+            break
+    assert sorted(names) == [f"mine-{i}" for i in range(6)] and pages == 2

@@ -89,6 +89,9 @@ class Relay:
     def cut(self) -> None:
         self._abort_open()
 
+    def _down(self) -> bool:
+        return not self.forwarding
+
     def _abort_open(self) -> None:
         writers = list(self._open)
         self._open.clear()
@@ -106,6 +109,11 @@ class Relay:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             writer.transport.abort()
+            return
+        if self._down():  # went down while this one was connecting
+            self.refused += 1
+            for w in (writer, up_writer):
+                w.transport.abort()
             return
         self._open |= {writer, up_writer}
         pumps = [

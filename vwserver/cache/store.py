@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 import operator
 from collections.abc import Callable
 from typing import Final
@@ -69,8 +68,11 @@ def _accept_all(_: Entry) -> bool:
     return True
 
 
-_key: Final[Callable[[Entry], Key]] = operator.attrgetter("meta.key")
-"""What the entries are sorted by (for ``bisect``)."""
+_key: Final[Callable[[Entry], Key]] = operator.attrgetter(
+    "meta.cluster", "meta.namespace", "meta.name"
+)
+"""What the entries are sorted by (for ``bisect``): their key, built in C (no Python frame per
+comparison, unlike :attr:`~vwserver.cache.entries.Meta.key`)."""
 
 
 class Store:
@@ -104,7 +106,7 @@ class Store:
     def get(self, key: Key) -> Entry | None:
         entries = self._entries
         index = bisect.bisect_left(entries, key, key=_key)
-        if index < len(entries) and entries[index].meta.key == key:
+        if index < len(entries) and _key(entries[index]) == key:
             return entries[index]
         return None
 
@@ -115,13 +117,9 @@ class Store:
         (changes before a relist are unknown, so nothing older than ``rv`` can be served)."""
         # A stable sort keeps a key's entries in list order: the last of each run is kept.
         ordered = sorted(entries, key=_key)
-        current = [
-            item
-            for item, following in itertools.pairwise(ordered)
-            if item.meta.key != following.meta.key
-        ]
-        if ordered:
-            current.append(ordered[-1])
+        keys = list(map(_key, ordered))
+        last = len(ordered) - 1
+        current = [item for i, item in enumerate(ordered) if i == last or keys[i] != keys[i + 1]]
         self._entries = current
         self._window.clear()
         self._overlays.clear()
@@ -145,7 +143,7 @@ class Store:
         entries = self._entries
         index = bisect.bisect_left(entries, key, key=_key)
         prev = entries[index] if index < len(entries) else None
-        if prev is not None and prev.meta.key != key:
+        if prev is not None and _key(prev) != key:
             prev = None
         if prev is not None and rv <= prev.meta.resource_version:
             return None
@@ -240,12 +238,12 @@ class Store:
         # exist); a changed key takes its value at rv, which may be "absent".
         then: Entry | None
         while i < ni or j < nj:
-            if j == nj or (i < ni and entries[i].meta.key < changed[j]):
+            if j == nj or (i < ni and _key(entries[i]) < changed[j]):
                 then = entries[i]
                 i += 1
             else:
                 key = changed[j]
-                if i < ni and entries[i].meta.key == key:
+                if i < ni and _key(entries[i]) == key:
                     i += 1
                 j += 1
                 then = values[key]

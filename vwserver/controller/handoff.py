@@ -44,6 +44,7 @@ from vwserver.holds import (
     HOLDS_ANNOTATION,
     RELEASE_ANNOTATION,
     Hold,
+    annotation_pointer,
     effective_holds,
     parse_holds,
     render_holds,
@@ -78,11 +79,6 @@ class Decision:
     """(slice id, finalizers removed, reason) of each hold that ends."""
     recorded: list[str]
     """Slice ids whose ``leavingSince`` is recorded now."""
-
-
-def _pointer(key: str) -> str:
-    # RFC 6901: "~" is written "~0" and "/" is written "~1" in a JSON pointer token.
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def decide(
@@ -159,11 +155,13 @@ def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> 
     if decision.finalizers is not None:
         ops.append({"op": "replace", "path": "/metadata/finalizers", "value": decision.finalizers})
     if decision.holds is not None:
-        ops.append({"op": "add", "path": _pointer(HOLDS_ANNOTATION), "value": decision.holds})
+        ops.append(
+            {"op": "add", "path": annotation_pointer(HOLDS_ANNOTATION), "value": decision.holds}
+        )
     elif had_holds:
-        ops.append({"op": "remove", "path": _pointer(HOLDS_ANNOTATION)})
+        ops.append({"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)})
     if decision.remove_release:
-        ops.append({"op": "remove", "path": _pointer(RELEASE_ANNOTATION)})
+        ops.append({"op": "remove", "path": annotation_pointer(RELEASE_ANNOTATION)})
     return ops
 
 

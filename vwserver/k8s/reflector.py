@@ -180,6 +180,13 @@ class _ListWatch:
         else:
             log.debug("%s: %s (retry %d with backoff)", self.name, error, failures)
 
+    def _streaming(self) -> None:
+        """A watch delivered its first event: whatever failed before works again. Said now,
+        not when this watch ends (minutes later), so that :attr:`last_error` and the log never
+        describe an outage that is over."""
+        self.last_error = None
+        self._recovered()
+
     def _recovered(self) -> None:
         if self._failing is not None:
             self._failing = None
@@ -254,7 +261,9 @@ class Reflector(_ListWatch, Generic[H]):
         events = self._client.watch(self.url, query=query, idle_timeout=idle_timeout)
         async with contextlib.aclosing(events):
             async for event in events:
-                delivered = True
+                if not delivered:
+                    delivered = True
+                    self._streaming()
                 kind, obj = str(event["type"]), event["object"]
                 rv = resource_version(obj)
                 if kind == "BOOKMARK":
@@ -382,7 +391,9 @@ class RawReflector(_ListWatch, Generic[T]):
         )
         async with contextlib.aclosing(events):
             async for event in events:
-                delivered = True
+                if not delivered:
+                    delivered = True
+                    self._streaming()
                 obj = event.object
                 if self.table:
                     rows = self._table_rows(obj)

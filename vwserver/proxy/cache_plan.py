@@ -26,7 +26,8 @@ WATCH                   served
 ======================  ======================================================================
 rv unset, rv=0          the cache's current state as ADDED events, then changes
                         (with sendInitialEvents and rv unset: consistent, as a LIST)
-rv=N                    changes after N (410 Expired when N left the window)
+rv=N                    changes after N (410 Expired when N left the window; an N the cache
+                        has not reached yet is no wait: the changes up to N are skipped)
 sendInitialEvents=true  the state as ADDED, a BOOKMARK with ``k8s.io/initial-events-end``,
                         then changes (with resourceVersionMatch=NotOlderThan and bookmarks)
 ======================  ======================================================================
@@ -232,7 +233,11 @@ def watch_plan(options: Options) -> WatchPlan:
     elif options.flag("sendInitialEvents"):  # the state at a resourceVersion not older than N
         changes_after, consistency, at = None, Consistency.NOT_OLDER, int(rv)
     else:
-        changes_after, consistency, at = int(rv), Consistency.EXACT, int(rv)
+        # Changes after N need no wait for the cache to reach N: its subscriptions skip
+        # changes and bookmarks at or before their start, so a watch from a resourceVersion a
+        # LIST from kcp returned (newer than the cache) starts where the cache gets there —
+        # from the cache, whose views show objects leaving a slice.
+        changes_after, consistency, at = int(rv), Consistency.ANY, int(rv)
     return WatchPlan(
         changes_after=changes_after,
         consistency=consistency,

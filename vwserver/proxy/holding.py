@@ -35,6 +35,7 @@ from vwserver.holds import (
     PROXY_ANNOTATIONS,
     RELEASE_ANNOTATION,
     WritePlan,
+    annotation_pointer,
     as_leaving,
     plan_write,
     releasable,
@@ -64,11 +65,6 @@ class Stored:
     @property
     def metadata(self) -> Any:
         return self.head.metadata
-
-
-def _pointer(key: str) -> str:
-    # RFC 6901: "~" is written "~0" and "/" is written "~1" in a JSON pointer token.
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def _annotations_written(ctx: ProxyRequest) -> Invalid:
@@ -201,11 +197,11 @@ def with_holds(
     if isinstance(patch, list):  # JSON patch: one more operation, after the client's
         has_annotations = decode_head(result).metadata.annotations is not None
         if plan.annotation is None:
-            return [*patch, {"op": "remove", "path": _pointer(HOLDS_ANNOTATION)}]
+            return [*patch, {"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)}]
         if not has_annotations:
             value: Any = {HOLDS_ANNOTATION: plan.annotation}
             return [*patch, {"op": "add", "path": "/metadata/annotations", "value": value}]
-        op = {"op": "add", "path": _pointer(HOLDS_ANNOTATION), "value": plan.annotation}
+        op = {"op": "add", "path": annotation_pointer(HOLDS_ANNOTATION), "value": plan.annotation}
         return [*patch, op]
     meta = patch.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
@@ -281,9 +277,15 @@ def release_patch(ctx: ProxyRequest, stored: Stored, result: bytes) -> list[dict
         {"op": "replace", "path": "/metadata/finalizers", "value": result_finalizers},
     ]
     if plan.annotation is None:
-        ops.append({"op": "remove", "path": _pointer(HOLDS_ANNOTATION)})
+        ops.append({"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)})
     else:
-        ops.append({"op": "replace", "path": _pointer(HOLDS_ANNOTATION), "value": plan.annotation})
+        ops.append(
+            {
+                "op": "replace",
+                "path": annotation_pointer(HOLDS_ANNOTATION),
+                "value": plan.annotation,
+            }
+        )
     return ops
 
 

@@ -46,6 +46,7 @@ from vwserver.proxy.responses import (
     response_headers,
 )
 from vwserver.proxy.yamlout import YAML_CONTENT_TYPE
+from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,18 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
             return await relay_whole(up)
         page = _decode(await read_body(up))
         response = web.StreamResponse(status=200, headers=response_headers(up))
+    token = page.continue_token if client_pages else ""
+    filled: list[bytes | msgspec.Raw] | None = None
+    limit = int(ctx.options.get("limit") or 0)
+    if holds and client_pages and limit:
+        # kcp filled its page without the slice's selector: fill the client's page from as many
+        # upstream pages as it takes, each asking for no more than is still missing (so no page
+        # is cut in two), and hand out the last one's continue token — as the apiserver fills
+        # a page with the objects its predicate takes.
+        filled, token = await _fill(ctx, page, query, headers, limit=limit, client=client)
     writer = _ListWriter(
         page,
-        continue_token=page.continue_token if client_pages else "",
+        continue_token=token,
         yaml=ctx.representation.yaml,
         strip_objects=ctx.strip_objects,
     )
@@ -99,9 +109,13 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 following = asyncio.ensure_future(
                     _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
                 )
-            visible = (
-                page.members(ctx.member, client) if holds else page.visible(selector, ctx.member)
-            )
+            visible: Sequence[bytes | msgspec.Raw]
+            if filled is not None:
+                visible = filled
+            elif holds:
+                visible = page.members(ctx.member, client)
+            else:
+                visible = page.visible(selector, ctx.member)
             chunk = writer.entries(visible)
             if chunk:
                 await response.write(chunk)
@@ -170,6 +184,32 @@ class _ListWriter:
         if self._first:  # no entry at all
             return self._empty if self._yaml else self._head + self._tail
         return self._tail
+
+
+async def _fill(
+    ctx: ProxyRequest,
+    page: Page,
+    query: list[tuple[str, str]],
+    headers: CIMultiDict[str],
+    *,
+    limit: int,
+    client: Selector,
+) -> tuple[list[bytes | msgspec.Raw], str]:
+    """Up to ``limit`` entries the slice sees, from ``page`` and the upstream pages after it;
+    and the continue token after the last page read."""
+    visible: list[bytes | msgspec.Raw] = list(page.members(ctx.member, client))
+    later = [
+        (k, v)
+        for k, v in query
+        if k not in ("resourceVersion", "resourceVersionMatch", "limit", "continue")
+    ]
+    while len(visible) < limit and page.continue_token:
+        missing = str(limit - len(visible))
+        page = await _fetch(
+            ctx, [*later, ("limit", missing), ("continue", page.continue_token)], headers
+        )
+        visible += page.members(ctx.member, client)
+    return visible, page.continue_token
 
 
 async def _fetch(
