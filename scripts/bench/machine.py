@@ -42,9 +42,10 @@ def _git(*args: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def _commit() -> str:
-    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" + uncommitted changes" if _git("status", "--porcelain") else "")
+def commit() -> str:
+    """The checked-out commit, and whether the tree has changes (read when a run starts)."""
+    head = _git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" + uncommitted changes" if _git("status", "--porcelain") else "")
 
 
 def uptime() -> str:
@@ -55,7 +56,7 @@ def uptime() -> str:
     return "load average: " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def describe(*, nginx: str, kcp_used: bool) -> dict[str, str]:
+def describe(*, nginx: str, kcp_used: bool, vwserver: str) -> dict[str, str]:
     return {
         "cpu": _cpu_model(),
         "cores": f"{os.cpu_count()} ({len(os.sched_getaffinity(0))} usable)",
@@ -67,5 +68,5 @@ def describe(*, nginx: str, kcp_used: bool) -> dict[str, str]:
         "msgspec": metadata.version("msgspec"),
         "kcp": _kcp_version() + ("" if kcp_used else " (not used in this run)"),
         "nginx": nginx,
-        "vwserver": _commit(),
+        "vwserver": vwserver,
     }

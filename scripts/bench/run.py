@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         machine={},
         load={"before": machine.uptime()},
     )
+    measured = machine.commit()
     print(f"vwserver benchmarks ({results.mode}): {', '.join(args.parts)}")
     print(f"load before: {results.load['before']}", flush=True)
     started = time.monotonic()
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     results.load["after"] = machine.uptime()
     results.seconds["total"] = time.monotonic() - started
     results.machine = machine.describe(
-        nginx=nginx_version(find_nginx()), kcp_used="kcp" in args.parts
+        nginx=nginx_version(find_nginx()), kcp_used="kcp" in args.parts, vwserver=measured
     )
     print("\n" + "\n".join(f"{k:>9}: {v}" for k, v in results.machine.items()))
     print(f"load after: {results.load['after']}; took {results.seconds['total']:.0f} s")

@@ -355,3 +355,30 @@ async def test_the_registry_keeps_resources_apart(env: Env) -> None:
         await registry.aclose()
     with pytest.raises(RuntimeError):
         await registry.acquire(upstream=env.vw, api_path=API_PATH)
+
+
+async def test_a_first_list_still_running_is_kept_when_its_reader_gives_up(env: Env) -> None:
+    """A large collection's first list can take longer than a reader waits for it (the reader
+    then gets kcp's answer): the resource keeps listing, and the next reader finds it synced —
+    only one whose list failed (a resource the upstream does not serve) is dropped at once."""
+    registry = CacheRegistry(client=env.client, clock=ManualClock(), idle_seconds=300)
+    env.fake.faults.delay = 0.5
+    try:
+        first = await registry.acquire(upstream=env.vw, api_path=API_PATH)
+        assert not await first.wait_synced(0.05)  # the reader gives up
+        registry.release(first)
+        env.fake.faults.delay = 0
+        assert await first.wait_synced(WAIT)
+        assert not first.stopped and len(registry) == 1
+        again = await registry.acquire(upstream=env.vw, api_path=API_PATH)
+        assert again is first and again.synced
+        registry.release(again)
+        unserved = await registry.acquire(
+            upstream=env.vw, api_path="/apis/example.io/v1alpha1/nope"
+        )
+        assert not await unserved.wait_synced(WAIT)  # the list failed: no waiting out retries
+        registry.release(unserved)
+        await until("the unserved resource dropped", lambda: unserved.stopped)
+        assert len(registry) == 1
+    finally:
+        await registry.aclose()

@@ -112,9 +112,11 @@ class CacheRegistry:
         if resource.users <= 0:
             raise RuntimeError(f"{resource.url} released more often than acquired")
         resource.users -= 1
-        if resource.idle and not resource.synced:
-            # Never synced and nobody waits: a resource the upstream does not serve (a typo in
-            # a client's path) must not keep a reflector retrying for the idle period.
+        if resource.idle and not resource.synced and resource.last_error is not None:
+            # Never synced, its list failed, and nobody waits: a resource the upstream does not
+            # serve (a typo in a client's path) must not keep a reflector retrying for the idle
+            # period. One whose first list is still running (a large collection can take longer
+            # than a reader waits) keeps going: the next reader finds it synced.
             key = _key(resource)
             if self._resources.get(key) is resource:
                 del self._resources[key]
