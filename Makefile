@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup kcp go-clients run run-sync test check lint typecheck pytest unit integration e2e bench soak lock clean
+.PHONY: setup kcp go-clients run run-sync test check lint typecheck pytest unit integration e2e chaos bench soak lock clean
 
 setup: $(STAMP) kcp
 
@@ -65,6 +65,11 @@ integration: $(STAMP)
 
 e2e: $(STAMP) kcp go-clients
 	@$(call run_pytest,-q tests/e2e)
+
+# The chaos tests alone (make test runs them too). Longer, e.g.:
+#   VWSERVER_CHAOS_KCP_KILLS=20 VWSERVER_CHAOS_WRITES=5000 make chaos
+chaos: $(STAMP) kcp go-clients
+	@$(call run_pytest,-q tests/chaos)
 
 # The soak test at full length: 1,000 TLS watches, 10 minutes of changes (CI runs 75 s).
 soak: $(STAMP) kcp

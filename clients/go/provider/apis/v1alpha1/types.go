@@ -32,6 +32,10 @@ type FilteredAPIExportEndpointSliceSpec struct {
 	// ObjectSelector is a standard label selector (matchLabels, matchExpressions). vwserver
 	// refuses an empty one (it would expose the whole export).
 	ObjectSelector *metav1.LabelSelector `json:"objectSelector,omitempty"`
+	// HoldTimeoutSeconds bounds how long the slice may hold an object that is leaving it (a
+	// finalizer added through the slice is still on it while its labels no longer match)
+	// before vwserver removes the slice's finalizers. Unset: no limit.
+	HoldTimeoutSeconds *int64 `json:"holdTimeoutSeconds,omitempty"`
 }
 
 // ExportReference names an APIExport.

@@ -42,6 +42,10 @@ func (in *FilteredAPIExportEndpointSliceSpec) DeepCopyInto(out *FilteredAPIExpor
 		out.ObjectSelector = new(metav1.LabelSelector)
 		in.ObjectSelector.DeepCopyInto(out.ObjectSelector)
 	}
+	if in.HoldTimeoutSeconds != nil {
+		out.HoldTimeoutSeconds = new(int64)
+		*out.HoldTimeoutSeconds = *in.HoldTimeoutSeconds
+	}
 }
 
 // DeepCopy returns a deep copy of the receiver.
