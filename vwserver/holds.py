@@ -172,12 +172,15 @@ def leaving_since(
     finalizers: Iterable[str] | None,
 ) -> str | None:
     """For an object ``member`` holds but no longer matches: when the move was first seen
-    (``""`` while that is not recorded yet); None for any other object."""
+    (``""`` while that is not recorded yet: ``member.unrecorded`` is told); None for any other
+    object."""
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return None
     hold = effective_holds(annotations, finalizers).get(member.id)
     if hold is None or member.selector.matches(labels):
         return None
+    if not hold.leavingSince and member.unrecorded is not None:
+        member.unrecorded()
     return hold.leavingSince
 
 

@@ -68,15 +68,11 @@ def visible(view: SliceView, meta: Meta) -> bool:
 
 
 def leaving(view: SliceView, meta: Meta) -> str | None:
-    """When the object with ``meta`` started leaving ``view`` (``""``: not recorded yet, and
-    the view's ``unrecorded`` is told), or None when it is not leaving
-    (:func:`vwserver.holds.leaving_since`)."""
-    since = leaving_since(
+    """When the object with ``meta`` started leaving ``view`` (``""``: not recorded yet), or
+    None when it is not leaving (:func:`vwserver.holds.leaving_since`)."""
+    return leaving_since(
         view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
     )
-    if since == "" and view.unrecorded is not None:
-        view.unrecorded()
-    return since
 
 
 # --- field selectors ----------------------------------------------------------------------------

@@ -116,15 +116,12 @@ class ProxyRequest:
     def leaving(self, meta: ObjectMeta) -> str | None:
         """When the object with ``meta`` started leaving the slice (``""``: not recorded yet);
         None when it is not leaving (:func:`vwserver.holds.leaving_since`)."""
-        since = leaving_since(
+        return leaving_since(
             self.member,
             labels=meta.labels,
             annotations=meta.annotations,
             finalizers=meta.finalizers,
         )
-        if since == "" and self.unrecorded_move is not None:
-            self.unrecorded_move()
-        return since
 
     def upstream_headers(self, *, content_type: str | None = None) -> CIMultiDict[str]:
         """Headers for an upstream request: the allow-listed client headers, the one

@@ -71,13 +71,21 @@ def hidden_by_holds(raw: Any, member: Member | None) -> bool:
     (:func:`vwserver.holds.sees`)."""
     if member is None or _HOLDS_KEY.search(raw) is None:
         return False
-    try:
-        row = _row_decoder.decode(raw)
-        meta = row.object.metadata if row.object is not None else _head_decoder.decode(raw).metadata
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
+    meta = _embedded_head(raw)[0].metadata
     labels, annotations, finalizers = meta.labels, meta.annotations, meta.finalizers
     return not sees(member, labels=labels, annotations=annotations, finalizers=finalizers)
+
+
+def _embedded_head(raw: Any) -> tuple[ObjectHead, bool]:
+    """The head of the object in ``raw`` — itself, the object of a watch event's line, or the
+    object a Table row embeds — and whether it was embedded in a row or event."""
+    try:
+        row = _row_decoder.decode(raw)
+        if row.object is not None:
+            return row.object, True
+        return _head_decoder.decode(raw), False
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
 
 
 class UndecodableError(ValueError):
@@ -133,11 +141,7 @@ class Page:
                 if own(labels):
                     out.append(entry)
                 continue
-            try:
-                row = _row_decoder.decode(entry)
-                head = row.object if row.object is not None else _head_decoder.decode(entry)
-            except msgspec.DecodeError as e:
-                raise UndecodableError(str(e)) from e
+            head, in_row = _embedded_head(entry)
             labels, annotations, finalizers = (
                 head.metadata.labels,
                 head.metadata.annotations,
@@ -148,9 +152,7 @@ class Page:
             since = leaving_since(
                 member, labels=labels, annotations=annotations, finalizers=finalizers
             )
-            if since == "" and member.unrecorded is not None:
-                member.unrecorded()
-            out.append(as_leaving(bytes(entry), since) if since and row.object is None else entry)
+            out.append(as_leaving(bytes(entry), since) if since and not in_row else entry)
         return out
 
 
