@@ -177,6 +177,12 @@ class UpstreamUnreachable(UpstreamUnavailable):
     that is not ready, but the upstream's fault: ``vwserver_upstream_errors_total`` counts it."""
 
 
+class WatchSilent(UpstreamUnavailable):
+    """A watch stream that had answered sent nothing (not even a bookmark) for its silence
+    limit: the connection may be dead (a silent network drop), or the resource merely quiet on a
+    server that sends no bookmarks. Either way the watch is started again; its answer tells."""
+
+
 class EventTooLarge(BadGateway):
     """An upstream watch line grew past the bound of :mod:`vwserver.k8s.framing` without ending:
     no Kubernetes watch event is that long, so the stream is unusable."""

@@ -6,7 +6,8 @@
   has not listed, e.g. ``upstream …: not synced (403 Forbidden: …)``, or ``downstream
   unreachable: …``). ``notes()``, if given, adds lines to the ``200`` body: what a ready process
   is doing when that is not the obvious (``sync``: ``standby: waiting for the lease … held by
-  …``).
+  …``; ``serve``: ``upstream: …`` for each part of kcp it cannot reach right now, see
+  :func:`vwserver.server.upstream_notes` for why that is no reason to be unready).
 * the metrics path (default ``/metrics``): Prometheus text format of the caller's registry.
 
 ``serve`` adds these routes to its proxy app (:func:`add_health_routes`, one port);

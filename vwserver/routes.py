@@ -66,6 +66,11 @@ class RouteTable:
     def lookup(self, cluster: str, name: str) -> Route | None:
         return self._routes.get((cluster, name))
 
+    def serves_cluster(self, cluster: str) -> bool:
+        """Whether a ready slice of logical cluster ``cluster`` is served (a linear scan: for
+        the rare paths that need it, not per request)."""
+        return any(r.cluster == cluster and r.not_ready is None for r in self._routes.values())
+
     def __iter__(self) -> Iterator[Route]:
         return iter(self._routes.values())
 

@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,7 @@ def build_app(
     guard: Gate,
     page_size: int = 500,
     ready: Callable[[], bool] | None = None,
+    failing: Callable[[], Sequence[str]] | None = None,
     metrics: ServerMetrics | None = None,
     metrics_path: str | None = "/metrics",
     cache: CacheRegistry | None = None,
@@ -101,7 +102,9 @@ def build_app(
     handoff_interval: float = 2.0,
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
-    list of slices); liveness never depends on kcp. ``guard`` authenticates and authorizes every
+    list of slices); liveness never depends on kcp, and neither does readiness after that:
+    ``failing`` (and the cache's reflectors) only add lines to ``/readyz``'s ``200 ok``
+    (:func:`upstream_notes`). ``guard`` authenticates and authorizes every
     slice request (required: ``NoAuth`` for tests that want none); health endpoints and
     ``metrics_path`` (None: not served) are always open. ``metrics`` is where the proxy counts
     (default: a new registry); the app keeps it and its :class:`Lifecycle` under
@@ -143,7 +146,12 @@ def build_app(
             return ["slices not synced yet"]
         return []
 
-    add_health_routes(app, problems=problems, metrics=metrics.render, metrics_path=metrics_path)
+    def notes() -> list[str]:
+        return upstream_notes(failing() if failing is not None else (), cache=cache)
+
+    add_health_routes(
+        app, problems=problems, notes=notes, metrics=metrics.render, metrics_path=metrics_path
+    )
     if cache is not None and metrics_path is not None:
         # Beside the metrics and as open as they are: counts and states, never an object.
         app.router.add_get(DEBUG_CACHE_PATH, _debug_cache(cache))
@@ -153,6 +161,29 @@ def build_app(
     if handoff is not None:
         app.cleanup_ctx.append(_running(handoff.run, name="handoff"))
     return app
+
+
+def upstream_notes(failing: Sequence[str], *, cache: CacheRegistry | None) -> list[str]:
+    """``/readyz`` lines for what of kcp vwserver cannot reach right now.
+
+    Readiness does not depend on kcp: every replica reads the same kcp, so an outage would take
+    all of them out of their Service at once, and clients would get refused connections instead
+    of the 503 Status each slice answers with while it cannot reach kcp (a slice whose export
+    and consent cannot be re-checked stops serving after its resync, see
+    :mod:`vwserver.controller.slices`). The slices' status conditions cannot say it either:
+    they are written to the kcp that cannot be reached. So ``/readyz`` stays ``200`` and says
+    what fails, one line each, without URLs or error text (it is unauthenticated; the log has
+    the details).
+    """
+    lines = [f"upstream: {what}" for what in failing]
+    if cache is not None:
+        resources = cache.resources()
+        broken = sum(1 for r in resources if r.last_error is not None)
+        if broken:
+            lines.append(
+                f"upstream: the watch cache's upstream watches fail ({broken} of {len(resources)})"
+            )
+    return lines
 
 
 def _running(
@@ -261,8 +292,9 @@ def serving_tls(config: Config, *, base_dir: Path) -> ServingTLS | None:
         raise ConfigError("$.tls", f"cannot load certificate/key: {e}") from e
 
 
-def build_guard(config: Config, *, client: KubeClient) -> Guard:
-    """The Guard of ``config.auth``; ``client`` (vwserver's identity) posts the reviews."""
+def build_guard(config: Config, *, client: KubeClient, routes: Routes | None = None) -> Guard:
+    """The Guard of ``config.auth``; ``client`` (vwserver's identity) posts the reviews;
+    ``routes`` tells it which slice workspaces exist (see :class:`Guard`)."""
     cache = config.auth.cache
     tokens = TokenReviewer(
         client=client,
@@ -276,7 +308,12 @@ def build_guard(config: Config, *, client: KubeClient) -> Guard:
         deny_ttl=cache.deny_ttl_seconds,
         max_entries=cache.max_entries,
     )
-    return Guard(tokens=tokens, access=access, mode=AuthMode(config.auth.mode))
+    return Guard(
+        tokens=tokens,
+        access=access,
+        mode=AuthMode(config.auth.mode),
+        serves_cluster=(lambda c: routes.table.serves_cluster(c)) if routes is not None else None,
+    )
 
 
 async def serve(
@@ -328,7 +365,8 @@ async def serve(
             upstream=UpstreamClient(auth=auth),
             page_size=config.list_page_size,
             ready=controller.synced.is_set if controller is not None else None,
-            guard=build_guard(config, client=reviews),
+            failing=controller.failing if controller is not None else None,
+            guard=build_guard(config, client=reviews, routes=routes),
             metrics=metrics,
             metrics_path=config.metrics.path if config.metrics.enabled else None,
             cache=cache,

@@ -156,3 +156,39 @@ def describe(ratio: Ratio) -> str:
     figure = f"{ratio.value:.2f}x" if ratio.unit == "x" else f"{ratio.value:.1f} {ratio.unit}"
     target = f"  (target {ratio.target})" if ratio.target else ""
     return f"{ratio.label:<44} {ratio.detail:<44} {figure:>9}{target}"
+
+
+#: What of a run the ``kcp`` part measured: its ratios' keys start with one of these.
+KCP_RATIOS = ("list.kcp.", "watch.kcp.")
+
+
+def with_kcp_part(results: Results, kcp: Results, *, source: str) -> Results:
+    """``results`` (a run without the ``kcp`` part) with the ``kcp`` part of another run
+    (``--only kcp``), which takes over an hour and so may be measured separately; the report
+    says so in a note."""
+    if "kcp" in results.seconds:
+        raise ValueError("this run measured the kcp part itself")
+    if "kcp" not in kcp.seconds or kcp.skipped.get("kcp", "").startswith("FAILED"):
+        raise ValueError(f"{source} has no kcp part")
+    merged = msgspec.structs.replace(
+        results,
+        seconds={**results.seconds, "kcp": kcp.seconds["kcp"]},
+        skipped={part: why for part, why in results.skipped.items() if part != "kcp"},
+        notes=[
+            *results.notes,
+            f"the kcp part was measured in a run of its own ({kcp.taken}, load before "
+            f"{kcp.load.get('before', '?')}, after {kcp.load.get('after', '?')}), "
+            f"taken from {source}",
+            *(n for n in kcp.notes if n.startswith("kcp")),
+        ],
+        ratios={
+            **{k: r for k, r in results.ratios.items() if not k.startswith(KCP_RATIOS)},
+            **{k: r for k, r in kcp.ratios.items() if k.startswith(KCP_RATIOS)},
+        },
+        lists=[
+            *(p for p in results.lists if p.upstream != "kcp"),
+            *(p for p in kcp.lists if p.upstream == "kcp"),
+        ],
+    )
+    merged.machine = {**results.machine, "kcp": kcp.machine.get("kcp", "?")}
+    return merged

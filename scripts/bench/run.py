@@ -8,6 +8,8 @@ the results committed last, printing every one that got worse by more than 20 %.
     python scripts/bench/run.py                  # everything, full sizes (make bench)
     python scripts/bench/run.py --quick          # small sizes; report in a temporary directory
     python scripts/bench/run.py --only fanout    # one part, printed (no report unless --out)
+    python scripts/bench/run.py --only kcp --out /tmp/kcp   # the long part on its own, then:
+    python scripts/bench/run.py --kcp-from /tmp/kcp/results.json   # the rest, one report
 
 Parts: list (LIST vs object count, fake upstream), watch (watch-list throughput), fanout (one
 change to 1/100/1,000 watchers), rss (memory per open watch, TLS and plain), gets (GET latency
@@ -40,7 +42,7 @@ from lists import bench_lists, bench_watch
 from nginx import find_nginx, nginx_version
 from plots import write_plots
 from report import compared, markdown
-from results import Regression, Results, decode, encode, regressions
+from results import Regression, Results, decode, encode, regressions, with_kcp_part
 from rss import bench_rss
 
 PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp")
@@ -114,6 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default beside the file), e.g. after changing the report's code",
     )
     parser.add_argument(
+        "--kcp-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="do not run the kcp part (over an hour): take its results from a run of its own "
+        "(--only kcp --out DIR), e.g. on a quieter machine",
+    )
+    parser.add_argument(
         "--baseline",
         default="committed",
         help=f"results to compare with: 'committed' ({COMMITTED} at git HEAD, else the file), "
@@ -137,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     skipped = set(filter(None, args.skip.split(",")))
     if skipped - set(PARTS):
         parser.error(f"--skip: unknown parts {sorted(skipped - set(PARTS))}")
+    if args.kcp_from is not None:
+        skipped.add("kcp")
     args.parts = [args.only] if args.only else [p for p in PARTS if p not in skipped]
     sizes = QUICK if args.quick else FULL
     overrides = {
@@ -280,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     results.machine = machine.describe(
         nginx=nginx_version(find_nginx()), kcp_used="kcp" in args.parts, vwserver=measured
     )
+    if args.kcp_from is not None:
+        kcp = decode(args.kcp_from.read_bytes())
+        results = with_kcp_part(results, kcp, source=str(args.kcp_from))
     print("\n" + "\n".join(f"{k:>9}: {v}" for k, v in results.machine.items()))
     print(f"load after: {results.load['after']}; took {results.seconds['total']:.0f} s")
     for part, why in results.skipped.items():

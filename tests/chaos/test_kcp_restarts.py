@@ -92,11 +92,16 @@ async def test_informers_converge_while_kcp_is_killed_and_restarted(
     assert bed.restarts[-KILLS:], "kcp was never restarted"
     gone = metric_sum(samples, "vwserver_cache_reflector_restarts_total", cause="gone")
     errors = metric_sum(samples, "vwserver_cache_reflector_restarts_total", cause="error")
+    # kcp refuses reviews for a few seconds after each start: for a served slice that is a
+    # 503 (retry), never a 401 that would call the informers' valid tokens bad
+    refused = metric_sum(samples, "vwserver_requests_total", code="401")
+    assert refused == 0, f"{refused:.0f} requests with valid tokens answered 401"
+    unavailable = metric_sum(samples, "vwserver_requests_total", code="503")
     observe(
         f"{writer.done} writes ({writer.retries} retried) on {len(plan)} objects, "
         f"{len(truth)} in the slice at the end; kcp killed {KILLS}x, ready again after "
         f"{', '.join(f'{s:.0f}' for s in bed.restarts[-KILLS:])} s; informers converged "
         f"{took:.1f} s after the writes; cache reflector restarts: {gone:.0f} relists "
-        f"(410), {errors:.0f} errors\n"
+        f"(410), {errors:.0f} errors; {unavailable:.0f} requests answered 503\n"
         + "\n".join(f"  {name}: {line}" for name, line in figures.items())
     )

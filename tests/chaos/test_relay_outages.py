@@ -15,8 +15,10 @@ three ways in turn, each while a part of the writes happens:
 
 Then every informer holds exactly kcp's objects in the slice and every handler call fits the
 writes (:mod:`tests.chaos.history`). What ``/readyz`` and the slice's status said in each phase
-is printed (today: ``ok`` and ``Ready`` throughout — vwserver cannot write status to a kcp it
-cannot reach, and its readiness does not look at kcp).
+is printed: ``/readyz`` stays ``200`` (readiness does not depend on kcp, see
+``vwserver.server.upstream_notes``) and, while kcp cannot be reached, says which of vwserver's
+upstream watches fail (``upstream: …`` lines; asserted for the refused connections); the slice's
+status stays ``Ready`` — vwserver cannot write status to a kcp it cannot reach.
 
 Length: ``VWSERVER_CHAOS_STALL_SECONDS`` (default 10), ``VWSERVER_CHAOS_DOWN_SECONDS``
 (default 25, with a resync of 8 s), ``VWSERVER_CHAOS_RELAY_WRITES`` (default 300).
@@ -91,7 +93,7 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
 
         async def readyz() -> str:
             status, text = await server.get("/readyz")
-            return f"/readyz {status} {text.strip()[:120]!r}"
+            return f"/readyz {status} {text.strip()!r}"
 
         async def slice_status() -> str:
             conditions = (await bed.slice_status()).get("conditions") or []
@@ -180,6 +182,11 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
     down = said.get("down", Counter())
     answers = {line for line in down if line.startswith("LIST ") and "Timeout" not in line}
     assert answers == {f"LIST {n} 503" for n in (SLICE, DIRECT_SLICE)}, down
+    # ... and /readyz, still 200, said which upstream watches failed
+    readiness = [line for line in down if line.startswith("/readyz ")]
+    assert all(line.startswith("/readyz 200 ") for line in readiness), down
+    assert any("upstream: the slice controller" in line for line in readiness), down
+    assert any("upstream: the watch cache" in line for line in readiness), down
     observe(
         f"{writer.done} direct writes on {len(plan)} objects; relay stalled {STALL:.0f} s, "
         f"cut {cuts}x ({bed.relay.cuts} connections reset in all), down {DOWN:.0f} s; "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 
 import aiohttp
 
@@ -53,9 +53,12 @@ class CountingClient(KubeClient):
         query: Iterable[tuple[str, str]] = (),
         idle_timeout: float | None = None,
         accept: str = "application/json",
+        on_answer: Callable[[], None] | None = None,
     ) -> AsyncGenerator[RawEvent, None]:
         self.watches += 1
-        return super().watch_raw(path, query=query, idle_timeout=idle_timeout, accept=accept)
+        return super().watch_raw(
+            path, query=query, idle_timeout=idle_timeout, accept=accept, on_answer=on_answer
+        )
 
 
 async def first_event_named(

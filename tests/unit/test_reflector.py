@@ -62,6 +62,7 @@ class Stream:
 
     lines: list[bytes] = field(default_factory=list)
     hang: bool = False
+    answer: bool = True  # False: not even the response headers (a stalled connection)
 
 
 Answer = web.Response | Stream
@@ -77,6 +78,8 @@ class ScriptedServer:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, web.Response):
             return answer
+        if not answer.answer:
+            await asyncio.sleep(3600)
         response = web.StreamResponse()
         await response.prepare(request)
         for line in answer.lines:
@@ -232,7 +235,9 @@ async def test_an_expired_continue_token_relists_from_the_start_with_backoff() -
         assert r.clock.sleeps == [1]  # a list that is Gone again and again must not spin
 
 
-async def test_failures_back_off_exponentially_and_the_watch_resumes() -> None:
+async def test_failures_back_off_exponentially_and_the_watch_resumes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with running(
         page(rv="5"),
         status(503, "ServiceUnavailable"),
@@ -247,7 +252,9 @@ async def test_failures_back_off_exponentially_and_the_watch_resumes() -> None:
         assert r.restarts == ["error"] * 5
         assert [w["resourceVersion"] for w in r.server.watches()] == ["5"] * 6
         assert len(r.server.lists()) == 1
-        assert r.reflector.last_error is not None and "503" in r.reflector.last_error
+        assert "503" in caplog.text  # the failure, as a warning when it began
+        # the last watch was answered: nothing fails now
+        await r.until("no error", lambda: r.reflector.last_error is None)
 
 
 async def test_jitter_spreads_each_delay_over_the_upper_half_of_its_ceiling() -> None:
@@ -279,8 +286,39 @@ async def test_a_silent_watch_is_given_up_after_the_idle_timeout() -> None:
     ) as r:
         await r.until("second watch", lambda: len(r.server.watches()) == 2)
         assert r.server.watches()[1]["resourceVersion"] == "6"  # resumed, not relisted
-        assert r.restarts == ["error"]
-        assert r.reflector.last_error is not None and "nothing for" in r.reflector.last_error
+        # the server had answered: a quiet stream is no error, and is resumed at once
+        assert r.restarts == [] and r.reflector.last_error is None
+        assert r.clock.sleeps == []
+
+
+async def test_a_silent_watch_is_given_up_after_the_silence_limit_before_its_timeout() -> None:
+    async with running(
+        page(rv="5"),
+        Stream(hang=True),  # asked for 300 s, silent from the start
+        Stream(hang=True),
+        silence_limit=0.3,
+    ) as r:
+        await r.until("second watch", lambda: len(r.server.watches()) == 2)
+        assert [w["resourceVersion"] for w in r.server.watches()] == ["5", "5"]
+        assert r.server.watches()[0]["timeoutSeconds"] == "300"
+        assert r.restarts == [] and r.reflector.last_error is None
+        assert len(r.server.lists()) == 1
+
+
+async def test_a_watch_without_an_answer_is_an_unreachable_upstream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with running(
+        page(rv="5"),
+        Stream(answer=False),  # the connection stalls: not even response headers
+        Stream([event("ADDED", obj("a", "6"))], hang=True),
+        silence_limit=0.3,
+    ) as r:
+        await r.until("the error", lambda: r.restarts == ["error"])
+        assert "no answer in 0.3s (retrying with backoff)" in caplog.text
+        await r.until("second watch's event", lambda: ("ADDED", "a") in r.calls)
+        assert r.clock.sleeps == [1]  # backed off once
+        await r.until("recovered", lambda: r.reflector.last_error is None)
 
 
 @pytest.mark.parametrize(
@@ -292,11 +330,14 @@ async def test_a_silent_watch_is_given_up_after_the_idle_timeout() -> None:
     ],
     ids=["undecodable", "not-an-event", "unknown-type"],
 )
-async def test_garbage_on_the_stream_is_an_error_then_the_watch_resumes(garbage: bytes) -> None:
+async def test_garbage_on_the_stream_is_an_error_then_the_watch_resumes(
+    garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
     async with running(page(rv="5"), Stream([garbage]), Stream(hang=True)) as r:
         await r.until("second watch", lambda: len(r.server.watches()) == 2)
         assert r.restarts == ["error"]
-        assert r.reflector.last_error is not None and "502" in r.reflector.last_error
+        assert "502" in caplog.text
+        await r.until("no error", lambda: r.reflector.last_error is None)
         assert r.calls == [("list", [], "5")]
 
 

@@ -21,7 +21,7 @@ from fakekcp.auth import FakeAuth
 from tests.support.serve import serve_app
 from vwserver.auth.access import AccessReviewer
 from vwserver.auth.guard import Guard
-from vwserver.auth.tokens import TokenReviewer
+from vwserver.auth.tokens import REFUSAL_TTL, TokenReviewer
 from vwserver.errors import BadGateway, Unauthorized, UpstreamUnavailable
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
@@ -117,3 +117,47 @@ async def test_failures_that_do_not_depend_on_the_workspace_stay_5xx(world: Worl
         guard = Guard(tokens=TokenReviewer(client=down), access=AccessReviewer(client=down))
         with pytest.raises(UpstreamUnavailable):
             await guard.authenticate(request, cluster=MISSING)
+
+
+async def test_a_refusal_where_a_slice_is_served_is_kcps_trouble_not_the_tokens(
+    world: World,
+) -> None:
+    """kcp refuses reviews for a few seconds while it restarts. In a workspace where vwserver
+    serves a slice (so it exists), that is no verdict on the token: 503 with Retry-After, never
+    a 401 that would make a client drop a valid token. Elsewhere it stays the 401 above."""
+    served = {MISSING}
+    guard = Guard(
+        tokens=world.guard._tokens,
+        access=AccessReviewer(client=world.guard._tokens._client),
+        serves_cluster=served.__contains__,
+    )
+    for token in ("alice-token", "bogus-token"):
+        request = make_mocked_request("GET", "/", headers={"Authorization": f"Bearer {token}"})
+        with pytest.raises(UpstreamUnavailable) as unavailable:
+            await guard.authenticate(request, cluster=MISSING)
+        assert unavailable.value.code == 503 and unavailable.value.retry_after == 1
+        assert "Bearer" not in unavailable.value.message and token not in unavailable.value.message
+        with pytest.raises(Unauthorized):  # not served here: the same 401 as a bad token
+            await guard.authenticate(request, cluster=GONE)
+
+
+async def test_a_refusal_is_cached_for_a_second_at_most() -> None:
+    """A refused review must not keep a valid token out for the whole negative TTL once kcp
+    reviews again; a rejected token is cached for the negative TTL."""
+    now = [0.0]
+    fake = FakeAuth(reviewer_token=REVIEWER)
+    app = web.Application(middlewares=[workspaces])
+    fake.install(app)
+    async with (
+        serve_app(app) as url,
+        KubeClient(auth=ClientAuth(server=url, token=REVIEWER), timeout=5) as client,
+    ):
+        tokens = TokenReviewer(client=client, ttl=10, negative_ttl=5, clock=lambda: now[0])
+        refused = await tokens.authenticate("alice-token", cluster=MISSING)
+        rejected = await tokens.authenticate("bogus-token", cluster=EXISTING)
+        assert refused.refused and refused.identity is None
+        assert not rejected.refused and rejected.identity is None
+        assert len(tokens.cache) == 2
+        now[0] = REFUSAL_TTL + 0.01
+        held = tokens.cache.keys()
+        assert [key[0] for key in held if tokens.cache.get(key) is not None] == [EXISTING]

@@ -8,7 +8,10 @@ answers 403, not 404, for objects one may not read). Nothing is sent upstream be
 Authentication, in the apiserver's order: a verified client certificate first, then a bearer
 token (TokenReview). No credentials at all is a 401, like a bad token — vwserver has no anonymous
 access. The 401 carries the apiserver's bare ``Unauthorized`` Status and, like kcp (checked
-against v0.32), no ``WWW-Authenticate`` header.
+against v0.32), no ``WWW-Authenticate`` header. A review kcp refuses in the slice's workspace
+is such a 401 too (no existence oracle, see :mod:`~vwserver.auth.tokens`), unless vwserver
+serves a ready slice in that workspace (``serves_cluster``): it exists, so the refusal is no
+verdict on the token, and the answer is a 503 the client retries.
 
 Modes (``auth.mode``):
 
@@ -35,6 +38,7 @@ benchmarks of the proxy itself) construct it; ``vwserver serve`` always builds a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Final, Literal, Protocol
 
@@ -43,8 +47,9 @@ from aiohttp import web
 from vwserver.auth.access import CONTENT_GROUP, CONTENT_RESOURCE, AccessReviewer
 from vwserver.auth.certs import client_certificate_identity
 from vwserver.auth.identity import Identity
+from vwserver.auth.reviews import RETRY_AFTER_SECONDS
 from vwserver.auth.tokens import TokenReviewer
-from vwserver.errors import Forbidden, Unauthorized
+from vwserver.errors import Forbidden, Unauthorized, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +101,13 @@ class Guard:
         tokens: TokenReviewer,
         access: AccessReviewer,
         mode: AuthMode = AuthMode.DELEGATED,
+        serves_cluster: Callable[[str], bool] | None = None,
     ) -> None:
         self._tokens = tokens
         self._access = access
         self.mode = mode
+        self._serves_cluster = serves_cluster or (lambda cluster: False)
+        """Whether a ready slice of a logical cluster is served (the route table's answer)."""
 
     async def admit(
         self, request: web.Request, *, slice_cluster: str, slice_name: str, verb: str
@@ -147,6 +155,16 @@ class Guard:
             raise Unauthorized("Unauthorized")
         result = await self._tokens.authenticate(token, cluster=cluster)
         if result.identity is None:
+            if result.refused and self._serves_cluster(cluster):
+                # A served slice's workspace exists, so kcp refusing to review there is kcp's
+                # trouble (it refuses reviews for a few seconds while it restarts; or vwserver
+                # lacks its reviewer RBAC there, logged): no verdict on the token, so no 401
+                # that would make a client drop a valid token. Elsewhere a refusal stays a 401:
+                # an unauthenticated caller must not learn which workspaces exist.
+                raise UpstreamUnavailable(
+                    "cannot check credentials now: kcp refused to review them",
+                    retry_after=RETRY_AFTER_SECONDS,
+                )
             log.debug("bearer token rejected by kcp: %s", result.error)
             raise Unauthorized("Unauthorized")
         return result.identity

@@ -10,8 +10,11 @@ workspace is where the caller asks to be let in. The cache key therefore include
 
 A TokenReview kcp refuses *because of the workspace* (403: vwserver may not review there, or the
 workspace does not exist; 404) is a rejected token: 401, like an invalid token, and cached the
-same way. Otherwise a bogus token would tell an unauthenticated caller which slice clusters
-exist (502 for a missing workspace, 401 for a real one). kcp's refusal is still logged (by
+same way (but for at most :data:`REFUSAL_TTL`). Otherwise a bogus token would tell an
+unauthenticated caller which slice clusters exist (502 for a missing workspace, 401 for a real
+one). The result says it was such a refusal (:attr:`TokenResult.refused`): where vwserver
+serves a slice the workspace exists, and there the refusal is kcp's trouble, not the token's
+(see :class:`~vwserver.auth.guard.Guard`). kcp's refusal is still logged (by
 :func:`~vwserver.auth.reviews.post_review`), so a workspace missing vwserver's reviewer RBAC
 shows in the log; kcp unreachable or overloaded stays a 503, and any other refusal a 502:
 neither depends on the workspace.
@@ -47,6 +50,9 @@ log = logging.getLogger(__name__)
 # kcp's answers to a review that depend on the workspace it is posted to: forbidden there
 # (including a workspace that does not exist) and not found.
 _WORKSPACE_REFUSALS = (ApiForbidden, ApiNotFound)
+#: Seconds a workspace's refusal is cached: kcp refuses reviews for a few seconds while it
+#: (re)starts, and a valid token must not stay refused for the whole negative TTL after that.
+REFUSAL_TTL = 1.0
 
 
 class _UserInfo(msgspec.Struct):
@@ -68,6 +74,8 @@ class TokenResult:
 
     identity: Identity | None
     error: str = ""
+    refused: bool = False
+    """kcp refused to review the token in that workspace (403/404): no answer about the token."""
 
 
 class TokenReviewer:
@@ -100,7 +108,11 @@ class TokenReviewer:
 
         async def review() -> tuple[TokenResult, float]:
             result = await self._review(token, cluster=cluster)
-            return result, self._ttl if result.identity is not None else self._negative_ttl
+            if result.identity is not None:
+                return result, self._ttl
+            if result.refused:
+                return result, min(self._negative_ttl, REFUSAL_TTL)
+            return result, self._negative_ttl
 
         return await self._cache.get_or_load((cluster, digest), review)
 
@@ -122,7 +134,8 @@ class TokenReviewer:
         except BadGateway as e:
             refusal = e.__cause__
             if isinstance(refusal, _WORKSPACE_REFUSALS):
-                return TokenResult(None, f"kcp refused the review in {cluster} ({refusal.code})")
+                error = f"kcp refused the review in {cluster} ({refusal.code})"
+                return TokenResult(None, error, refused=True)
             raise
         try:
             status = msgspec.convert(raw, _TokenReviewStatus)

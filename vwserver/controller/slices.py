@@ -112,6 +112,7 @@ class SliceController:
         self._export_watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.synced = asyncio.Event()
         """Set once the first complete list of slices has been seen (``/readyz``)."""
+        self._endpoints_error: str | None = None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -144,7 +145,9 @@ class SliceController:
         while not self._vw_urls:
             try:
                 self._vw_urls = await self._own_endpoints()
+                self._endpoints_error = None
             except (ApiError, UpstreamUnavailable) as e:
+                self._endpoints_error = str(e)
                 log.warning("reading vwserver's APIExportEndpointSlice: %s", e)
             if not self._vw_urls:
                 # Without a binding there is no endpoint, and so no slice anywhere yet.
@@ -168,6 +171,20 @@ class SliceController:
                 tasks.create_task(reflector.run())
             await asyncio.gather(*(r.synced.wait() for r in self._slices))
             self.synced.set()
+
+    def failing(self) -> list[str]:
+        """What of the controller's reading of kcp fails right now (for ``/readyz``): the
+        watch of slices (per virtual-workspace URL), or finding that URL. Details are in the
+        log; these say what, not why (``/readyz`` is unauthenticated)."""
+        failing = []
+        if self._endpoints_error is not None:
+            failing.append("the slice controller cannot read vwserver's APIExportEndpointSlice")
+        broken = sum(1 for r in self._slices if r.last_error is not None)
+        if broken:
+            failing.append(
+                f"the slice controller's watch of slices fails ({broken} of {len(self._slices)})"
+            )
+        return failing
 
     async def _own_endpoints(self) -> tuple[str, ...]:
         s = self._settings

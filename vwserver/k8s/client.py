@@ -15,6 +15,7 @@ that client — deliberately tiny (no discovery, no caching; list+watch loops ar
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from vwserver.errors import (
     ApiNotFound,
     EventTooLarge,
     UpstreamUnavailable,
+    WatchSilent,
     api_error,
 )
 from vwserver.k8s import framing, kcp
@@ -190,6 +192,7 @@ class KubeClient:
         *,
         query: Iterable[tuple[str, str]] = (),
         idle_timeout: float | None = None,
+        on_answer: Callable[[], None] | None = None,
     ) -> AsyncGenerator[JSON, None]:
         """The events of one watch request (``watch=true`` is added) until the server ends it:
         ``{"type": ADDED | MODIFIED | DELETED | BOOKMARK, "object": {...}}``.
@@ -197,9 +200,14 @@ class KubeClient:
         A refused watch, and an ``ERROR`` event (410 Gone for an expired resourceVersion, …),
         raise their :class:`ApiError`; an undecodable or oversized event, or one of an unknown
         type, an ``ApiServerError`` (502). With ``idle_timeout``, a stream that sends nothing for
-        that long is dead: UpstreamUnavailable, like a broken connection.
+        that long raises :class:`WatchSilent`, and a watch not answered within
+        ``min(idle_timeout, WATCH_ANSWER_WITHIN)`` (no response headers) UpstreamUnavailable,
+        like a broken connection. ``on_answer`` is called when the server has accepted the
+        watch (``200``, before any event): the upstream is reachable again.
         """
-        return self._watch(path, query=query, idle_timeout=idle_timeout, decode=_event)
+        return self._watch(
+            path, query=query, idle_timeout=idle_timeout, decode=_event, on_answer=on_answer
+        )
 
     def watch_raw(
         self,
@@ -208,13 +216,19 @@ class KubeClient:
         query: Iterable[tuple[str, str]] = (),
         idle_timeout: float | None = None,
         accept: str = "application/json",
+        on_answer: Callable[[], None] | None = None,
     ) -> AsyncGenerator[RawEvent, None]:
         """:meth:`watch` in raw mode: each event's type, and its object as the bytes it came
         as (``msgspec.Raw``; in the representation ``accept`` names), for callers that decode
         each object once, themselves. Errors as in :meth:`watch`; an event whose object is no
         JSON object is a 502 too."""
         return self._watch(
-            path, query=query, idle_timeout=idle_timeout, decode=_raw_event, accept=accept
+            path,
+            query=query,
+            idle_timeout=idle_timeout,
+            decode=_raw_event,
+            accept=accept,
+            on_answer=on_answer,
         )
 
     async def _watch(
@@ -225,16 +239,26 @@ class KubeClient:
         idle_timeout: float | None,
         decode: Callable[[bytes | bytearray, URL], T],
         accept: str = "application/json",
+        on_answer: Callable[[], None] | None = None,
     ) -> AsyncGenerator[T, None]:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True).with_query([*query, ("watch", "true")])
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+        answered = False
         try:
             headers = self._headers(accept=accept)
-            async with self._session.get(url, headers=headers, timeout=timeout) as response:
+            # An apiserver sends a watch's response headers as soon as the watch is set up (it
+            # flushes them before the first event); an upstream that has not answered by then
+            # is unreachable (a stalled connection), whatever the stream's silence limit.
+            async with asyncio.timeout(_watch_answer_within(idle_timeout)):
+                response = await self._session.get(url, headers=headers, timeout=timeout)
+            async with response:
+                answered = True
                 if response.status != 200:
                     raw = await response.read()
                     raise api_error(response.status, _decode_status(raw), url=str(url), body=raw)
+                if on_answer is not None:
+                    on_answer()
                 buffer = bytearray()
                 async for chunk in response.content.iter_any():
                     buffer += chunk
@@ -246,9 +270,26 @@ class KubeClient:
         except EventTooLarge as e:
             raise _unusable(url, str(e)) from e
         except aiohttp.ServerTimeoutError as e:
-            raise UpstreamUnavailable(f"watch {url.path}: nothing for {idle_timeout}s") from e
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
+            if answered:
+                raise WatchSilent(f"watch {url.path}: nothing for {idle_timeout:g}s") from e
+            raise UpstreamUnavailable(f"watch {url.path}: no answer in {idle_timeout:g}s") from e
+        except TimeoutError as e:
+            if answered:  # a TimeoutError of the stream itself: the connection broke
+                raise UpstreamUnavailable(f"watch {url.host}:{url.port} broke: {e!r}") from e
+            within = _watch_answer_within(idle_timeout)
+            raise UpstreamUnavailable(f"watch {url.path}: no answer in {within:g}s") from e
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise UpstreamUnavailable(f"watch {url.host}:{url.port} broke: {e!r}") from e
+
+
+#: The longest wait for a watch's response headers (see :meth:`KubeClient._watch`).
+WATCH_ANSWER_WITHIN = 30.0
+
+
+def _watch_answer_within(idle_timeout: float | None) -> float:
+    if idle_timeout is None:
+        return WATCH_ANSWER_WITHIN
+    return min(idle_timeout, WATCH_ANSWER_WITHIN)
 
 
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
