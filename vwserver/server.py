@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.config.base import client_auth
 from vwserver.controller.handoff import Handoff, StuckHolds
+from vwserver.controller.slice_status import WatchHealth
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.errors import ConfigError
 from vwserver.health import add_health_routes
@@ -184,6 +186,14 @@ def upstream_notes(failing: Sequence[str], *, cache: CacheRegistry | None) -> li
                 f"upstream: the watch cache's upstream watches fail ({broken} of {len(resources)})"
             )
     return lines
+
+
+def watch_health(cache: CacheRegistry, upstreams: Sequence[str]) -> WatchHealth:
+    """How many of the cache's upstream watches of the export URLs ``upstreams`` fail."""
+    wanted = {u.rstrip("/") for u in upstreams}
+    resources = [r for r in cache.resources() if r.upstream in wanted]
+    failing = sum(1 for r in resources if r.last_error is not None)
+    return WatchHealth(failing=failing, total=len(resources))
 
 
 def _running(
@@ -355,6 +365,9 @@ async def serve(
                 static=static,
                 metrics=metrics,
                 stuck_holds=handoff.stuck if handoff is not None else None,
+                upstream_watches=functools.partial(watch_health, cache)
+                if cache is not None
+                else None,
             )
             task = asyncio.create_task(controller.run(), name="slice-controller")
             stack.push_async_callback(_cancel, task)
@@ -390,6 +403,7 @@ def build_controller(
     static: RouteTable,
     metrics: ServerMetrics | None = None,
     stuck_holds: Callable[[str], StuckHolds | None] | None = None,
+    upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
 ) -> SliceController:
     c = config.controller
     assert c is not None
@@ -419,6 +433,7 @@ def build_controller(
         leader=leader,
         metrics=metrics,
         stuck_holds=stuck_holds,
+        upstream_watches=upstream_watches,
     )
 
 

@@ -18,7 +18,9 @@ writes (:mod:`tests.chaos.history`). What ``/readyz`` and the slice's status sai
 is printed: ``/readyz`` stays ``200`` (readiness does not depend on kcp, see
 ``vwserver.server.upstream_notes``) and, while kcp cannot be reached, says which of vwserver's
 upstream watches fail (``upstream: …`` lines; asserted for the refused connections); the slice's
-status stays ``Ready`` — vwserver cannot write status to a kcp it cannot reach.
+status stays ``Ready`` — vwserver cannot write status to a kcp it cannot reach (its
+``UpstreamReachable`` condition says so when only the export's watches fail, e.g. on another
+shard: tests/integration/test_upstream_outage_reporting.py).
 
 Length: ``VWSERVER_CHAOS_STALL_SECONDS`` (default 10), ``VWSERVER_CHAOS_DOWN_SECONDS``
 (default 25, with a resync of 8 s), ``VWSERVER_CHAOS_RELAY_WRITES`` (default 300).
@@ -97,8 +99,11 @@ async def test_informers_converge_through_a_stalled_cut_and_refused_connection_t
 
         async def slice_status() -> str:
             conditions = (await bed.slice_status()).get("conditions") or []
-            ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-            return f"status Ready={ready.get('status')} ({ready.get('reason')})"
+            said = []
+            for kind in ("Ready", "UpstreamReachable"):
+                found: dict[str, Any] = next((c for c in conditions if c.get("type") == kind), {})
+                said.append(f"{kind}={found.get('status')} ({found.get('reason')})")
+            return "status " + " ".join(said)
 
         # A short timeout: during a stall a request through vwserver hangs, and that is what
         # is recorded (as TimeoutError).

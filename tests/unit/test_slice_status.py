@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from vwserver.controller.slice_status import (
     CONSENT_UNKNOWN,
     NOT_PERMITTED,
     ExportLookup,
+    WatchHealth,
     desired,
     export_ref,
     status_changed,
@@ -267,6 +269,43 @@ def test_holds_released_condition_counts_stuck_holds() -> None:
     )
     assert conditions(fine.status)["HoldsReleased"] == ("True", "NoStuckHolds")
     assert conditions(fine.status)["Ready"] == ("True", "Serving")
+
+
+def test_upstream_reachable_condition_counts_failing_cache_watches_of_the_export() -> None:
+    asked: list[tuple[str, ...]] = []
+
+    def health(failing: int) -> Callable[[Sequence[str]], WatchHealth]:
+        def answer(urls: Sequence[str]) -> WatchHealth:
+            asked.append(tuple(urls))
+            return WatchHealth(failing=failing, total=3)
+
+        return answer
+
+    out = desired(
+        slice_obj(),
+        lookup=found(VW),
+        external_url="https://vw",
+        now="T1",
+        upstream_watches=health(2),
+    )
+    assert asked == [(VW,)]  # the export's URLs, nothing else
+    assert conditions(out.status)["UpstreamReachable"] == ("False", "WatchesFailing")
+    message = next(
+        c["message"] for c in out.status["conditions"] if c["type"] == "UpstreamReachable"
+    )
+    assert message.startswith("2 of 3 of the watch cache's upstream watches")
+    assert VW not in message and "shard-1" not in message
+    assert conditions(out.status)["Ready"] == ("True", "Serving")  # still served
+    fine = desired(
+        slice_obj(),
+        lookup=found(VW),
+        external_url="https://vw",
+        now="T1",
+        upstream_watches=health(0),
+    )
+    assert conditions(fine.status)["UpstreamReachable"] == ("True", "Watching")
+    none = desired(slice_obj(), lookup=found(VW), external_url="https://vw", now="T1")
+    assert "UpstreamReachable" not in conditions(none.status)  # no cache: no condition
 
 
 def test_hold_timeout_comes_from_the_spec() -> None:

@@ -7,7 +7,10 @@ decision pure makes every condition and message testable without a kcp, and make
 only when it changed" a plain comparison.
 
 Conditions (``metav1.Condition``): ``SelectorValid``, ``APIExportValid`` and ``Ready``, each with
-a reason a program can branch on, a message a human can act on, and the generation it describes.
+a reason a program can branch on, a message a human can act on, and the generation it describes;
+with the handoff ``HoldsReleased``, and with the watch cache ``UpstreamReachable`` (whether the
+cache's watches of the slice's export in kcp work: with several shards one can fail while the
+status is still written through another).
 
 A slice serves its export only with the consent of the export's owner (:mod:`.consent`): the
 controller reports the facts (the export's logical cluster, the owner's answer to the consent
@@ -63,6 +66,14 @@ class Outcome:
     """The route to serve: ready, or not ready with the reason (answered 503)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WatchHealth:
+    """Of the watch cache's upstream watches of some export URLs: how many fail, of how many."""
+
+    failing: int = 0
+    total: int = 0
+
+
 def slice_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(logical cluster, name) of a slice object."""
     return (kcp.logical_cluster(obj), str((obj.get("metadata") or {}).get("name", "")))
@@ -101,11 +112,14 @@ def desired(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str,
     stuck_holds: Callable[[str], StuckHolds | None] | None = None,
+    upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
 ) -> Outcome:
     """The slice's desired status and route from the facts gathered about it.
     ``stuck_holds``: the handoff loop's count of objects that have been leaving a slice for too
     long (:meth:`vwserver.controller.handoff.Handoff.stuck`), for the ``HoldsReleased``
-    condition (None: no such condition, the server runs no handoff)."""
+    condition (None: no such condition, the server runs no handoff). ``upstream_watches``: how
+    many of the watch cache's upstream watches of the slice's export URLs fail, for the
+    ``UpstreamReachable`` condition (None: no such condition, the server runs no cache)."""
     cluster, name = slice_key(obj)
     generation = int((obj.get("metadata") or {}).get("generation") or 0)
     selector, selector_problem = parse_selector(obj)
@@ -169,6 +183,24 @@ def desired(
                 "longer without the slice's finalizers being released; release them through the "
                 "slice, end them with the sync.edge-connect.eu/release annotation, or set "
                 "holdTimeoutSeconds",
+            )
+    if upstream_watches is not None:
+        health = upstream_watches(upstreams)
+        if health.failing:
+            condition(
+                "UpstreamReachable",
+                False,
+                "WatchesFailing",
+                f"{health.failing} of {health.total} of the watch cache's upstream watches of "
+                "this slice's export fail; they are retried with backoff (vwserver's log has "
+                "the details)",
+            )
+        else:
+            condition(
+                "UpstreamReachable",
+                True,
+                "Watching",
+                f"the watch cache's {health.total} upstream watch(es) of this slice's export work",
             )
     if not_ready is None:
         condition("Ready", True, "Serving", f"serving {len(urls)} endpoint(s)")

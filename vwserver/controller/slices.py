@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
 from vwserver.controller.slice_status import (
     ExportLookup,
+    WatchHealth,
     desired,
     export_ref,
     slice_key,
@@ -92,8 +93,14 @@ class SliceController:
         metrics: ServerMetrics | None = None,
         clock: Clock | None = None,
         stuck_holds: Callable[[str], StuckHolds | None] | None = None,
+        upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
+        upstream_check: float = 5.0,
     ) -> None:
         self._stuck_holds = stuck_holds
+        self._upstream_watches = upstream_watches
+        self._upstream_check = upstream_check
+        self._upstream_seen: dict[Key, WatchHealth] = {}
+        """The watch health each slice's status was last computed with."""
         self._client = client
         self._routes = routes
         self._settings = settings
@@ -123,6 +130,8 @@ class SliceController:
             for _ in range(WORKERS):
                 tasks.create_task(self._worker())
             tasks.create_task(self._watch_slices())
+            if self._upstream_watches is not None:
+                tasks.create_task(self._follow_upstreams(self._upstream_watches))
 
     async def _lead(self, leader: LeaderElector) -> None:
         """Hold the Lease whenever possible; only then is status written (two replicas must
@@ -138,6 +147,16 @@ class SliceController:
                 await leader.hold()
         finally:
             await leader.release()
+
+    async def _follow_upstreams(self, health: Callable[[Sequence[str]], WatchHealth]) -> None:
+        """Reconcile a slice again when the health of the cache's watches of its export changes
+        (its ``UpstreamReachable`` condition), rather than at its next resync."""
+        while True:
+            await self._clock.sleep(self._upstream_check)
+            for key, route in list(self._dynamic.items()):
+                seen = self._upstream_seen.get(key)
+                if seen is not None and health(route_upstreams(route)) != seen:
+                    self.queue.add(key)
 
     async def _watch_slices(self) -> None:
         """Find our export's virtual-workspace URL(s), then list/watch slices through them."""
@@ -234,6 +253,7 @@ class SliceController:
         obj = self._object(key)
         if obj is None:
             self._verified.pop(key, None)
+            self._upstream_seen.pop(key, None)
             if self._dynamic.pop(key, None) is not None:
                 log.info("slice %s/%s deleted: no longer served", *key)
                 self._publish()
@@ -248,6 +268,7 @@ class SliceController:
             previous=current.get("conditions") or [],
             now=rfc3339(self._clock.now()),
             stuck_holds=self._stuck_holds,
+            upstream_watches=self._upstream_watches_of(key),
         )
         if outcome.route.not_ready is None:
             self._verified[key] = checked
@@ -257,6 +278,19 @@ class SliceController:
         if status_changed(current, outcome.status) and self._may_write_status():
             await self._write_status(obj, outcome.status)
         return outcome.route.not_ready is None
+
+    def _upstream_watches_of(self, key: Key) -> Callable[[Sequence[str]], WatchHealth] | None:
+        """:attr:`_upstream_watches`, remembering its answer for ``key`` (see
+        :meth:`_follow_upstreams`)."""
+        health = self._upstream_watches
+        if health is None:
+            return None
+
+        def remembered(urls: Sequence[str]) -> WatchHealth:
+            self._upstream_seen[key] = answer = health(urls)
+            return answer
+
+        return remembered
 
     def _set_route(self, key: Key, route: Route) -> None:
         before = self._dynamic.get(key)
@@ -411,6 +445,11 @@ class SliceController:
         self.queue.shutdown()
         with contextlib.suppress(Exception):
             self._routes.replace(self._static)
+
+
+def route_upstreams(route: Route) -> tuple[str, ...]:
+    """Every upstream URL a route serves from (its shards', or its one)."""
+    return tuple(route.shards.values()) or ((route.upstream_url,) if route.upstream_url else ())
 
 
 class _Enqueue:

@@ -1,4 +1,6 @@
-"""``/readyz`` of ``vwserver serve`` says what of kcp it cannot reach, and stays ``200``.
+"""What ``vwserver serve`` says while it cannot reach (parts of) kcp: ``/readyz`` stays ``200``
+and names what fails; the slice's ``UpstreamReachable`` condition follows the watch cache's
+watches of its export.
 
 Readiness does not depend on kcp (every replica reads the same kcp: failing readiness would take
 them all out of their Service at once, and clients would get refused connections instead of the
@@ -11,7 +13,7 @@ error text, since ``/readyz`` is unauthenticated.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -20,13 +22,14 @@ from tests.integration.test_controller_follows_exports import CONSENT, FakeKcp
 from tests.support.clock import FakeClock
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
+from vwserver.controller.slice_status import WatchHealth
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
-from vwserver.server import build_app
+from vwserver.server import build_app, watch_health
 
 WAIT = 10.0
 UNREACHABLE = "http://127.0.0.1:1"  # nobody listens on port 1
@@ -79,6 +82,10 @@ async def test_readyz_names_failing_upstream_watches_and_stays_ready() -> None:
                     "upstream: the watch cache's upstream watches fail (1 of 1)",
                 ]
                 assert "127.0.0.1" not in text and "pods" not in text
+                # the slice condition's count: only the watches of the slice's export URLs
+                export = UNREACHABLE + "/services/apiexport/x/y"
+                assert watch_health(cache, [export + "/"]) == WatchHealth(failing=1, total=1)
+                assert watch_health(cache, [export + "z"]) == WatchHealth(failing=0, total=0)
                 cache.release(resource)
         finally:
             await cache.aclose()
@@ -132,6 +139,55 @@ async def test_the_controller_says_while_its_watch_of_slices_fails() -> None:
             assert controller.failing() == ["the slice controller's watch of slices fails (1 of 1)"]
             kcp.up.set()
             await until("recovered", lambda: controller.failing() == [])
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await controller.aclose()
+
+
+async def test_the_slice_condition_follows_the_cache_watches_of_its_export() -> None:
+    """``UpstreamReachable`` is recomputed when the health of the cache's watches of the slice's
+    export changes — within seconds, not at the next resync (an hour here) — and written while
+    the controller can still reach kcp (with several shards, one export's can fail alone)."""
+    kcp = FakeKcp()
+    kcp.auth.consent(**CONSENT)
+    kcp.export_exists = True
+    kcp.appeared.set()
+    health = [WatchHealth(failing=0, total=2)]
+    asked: list[tuple[str, ...]] = []
+
+    def watches(urls: Sequence[str]) -> WatchHealth:
+        asked.append(tuple(urls))
+        return health[0]
+
+    def reachable() -> str | None:
+        if not kcp.statuses:
+            return None
+        found = [c for c in kcp.statuses[-1]["conditions"] if c["type"] == "UpstreamReachable"]
+        return f"{found[0]['status']} {found[0]['reason']}" if found else None
+
+    async with serve_app(kcp.app()) as base, KubeClient(auth=ClientAuth(server=base)) as client:
+        kcp.base = base
+        controller = SliceController(
+            client=client,
+            routes=Routes(),
+            settings=ControllerSettings(
+                export_path="root:vwserver",
+                external_url="https://vw.example",
+                resync=3600.0,
+                retry=Backoff(initial=3600.0, maximum=3600.0),
+            ),
+            upstream_watches=watches,
+            upstream_check=0.05,
+        )
+        task = asyncio.create_task(controller.run())
+        try:
+            await until("Watching", lambda: reachable() == "True Watching")
+            assert set(asked) == {(f"{base}/services/apiexport/exportid/widgets.example.io",)}
+            health[0] = WatchHealth(failing=1, total=2)
+            await until("WatchesFailing", lambda: reachable() == "False WatchesFailing")
+            health[0] = WatchHealth(failing=0, total=3)
+            await until("Watching again", lambda: reachable() == "True Watching")
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
