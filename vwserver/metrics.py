@@ -143,6 +143,23 @@ class ServerMetrics:
         )
         self._cache_stats: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         r.register(_CacheCollector(self))
+        # The labelled children of the per-request metrics, kept (their label sets are bounded
+        # as the module says): ``labels()`` takes a lock and checks and copies the labels.
+        self._request_counts: dict[tuple[str, str, int], Counter] = {}
+        self._request_durations: dict[str, Histogram] = {}
+
+    def observe_request(self, *, slice_label: str, verb: str, code: int, seconds: float) -> None:
+        """Count one finished slice request and observe its latency (``vwserver_requests``,
+        ``vwserver_request_duration_seconds``)."""
+        key = (slice_label, verb, code)
+        count = self._request_counts.get(key)
+        if count is None:
+            count = self._request_counts[key] = self.requests.labels(slice_label, verb, str(code))
+        count.inc()
+        duration = self._request_durations.get(verb)
+        if duration is None:
+            duration = self._request_durations[verb] = self.request_duration.labels(verb)
+        duration.observe(seconds)
 
     def watch_cache(self, stats: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         """Report the shared watch cache's gauges from ``stats`` (one mapping per resource,

@@ -144,12 +144,13 @@ class ProxyHandler:
 
     def _observe(self, request: web.Request, record: RequestRecord, code: int) -> None:
         end = asyncio.get_running_loop().time()
-        self._metrics.requests.labels(record.slice, record.verb, str(code)).inc()
         # A watch's latency is the time to establish it (headers sent), not its lifetime.
         done = end
         if record.verb == Verb.WATCH and record.headers_sent is not None:
             done = record.headers_sent
-        self._metrics.request_duration.labels(record.verb).observe(done - record.started)
+        self._metrics.observe_request(
+            slice_label=record.slice, verb=record.verb, code=code, seconds=done - record.started
+        )
         if not access_log.isEnabledFor(logging.INFO):
             return
         duration_ms = round((end - record.started) * 1000, 2)

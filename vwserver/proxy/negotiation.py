@@ -17,6 +17,7 @@ and client-go reads whatever ``Content-Type`` the response carries.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -77,6 +78,14 @@ def negotiate(accept: str | None, *, verb: Verb) -> Representation:
     """
     if not accept or not accept.strip():
         return PLAIN
+    return _negotiate(accept, verb)
+
+
+# Clients send few distinct Accept values (each client library and kubectl command has its
+# fixed one), parsing one costs tens of microseconds (kubectl's three entries), and the answer
+# depends on nothing else: answers are remembered, refusals (exceptions) are not.
+@functools.lru_cache(maxsize=256)
+def _negotiate(accept: str, verb: Verb) -> Representation:
     entries = [e for e in accept.split(",") if e.strip()]
     if len(entries) > _MAX_ENTRIES:
         raise NotAcceptable(f"Accept header has more than {_MAX_ENTRIES} media types")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from vwserver.errors import BadGateway
-from vwserver.holds import as_leaving
+from vwserver.holds import as_leaving, leaving_since, sees
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
@@ -24,56 +24,51 @@ from vwserver.proxy.filtering import (
     list_header,
     strip_row_object,
 )
-from vwserver.proxy.responses import read_body, relay_stream, relay_whole, response_headers
+from vwserver.proxy.responses import forwarded_response_headers, relay_stream
 from vwserver.proxy.yamlout import YAML_CONTENT_TYPE, json_to_yaml
 
 
 async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
-    async with ctx.upstream.request(
-        "GET", ctx.upstream_url, query=ctx.upstream_query(), headers=ctx.upstream_headers()
-    ) as up:
-        if up.status == 404:
-            return ctx.not_found()
-        if up.status != 200:
-            return await relay_whole(up)
-        body = await read_body(up)
-        headers = response_headers(up)
+    got = await ctx.upstream.fetch(
+        ctx.upstream_url, query=ctx.upstream_query(), headers=ctx.upstream_headers()
+    )
+    if got.status == 404:
+        return ctx.not_found()
+    headers = forwarded_response_headers(got.headers)
+    if got.status != 200:
+        return web.Response(status=got.status, body=got.body, headers=headers)
     try:
-        visible = body_visible(body, ctx)
-        if visible and ctx.strip_objects:
-            body = _strip_table(body)
-        elif visible:
-            body = as_shown(body, ctx)
+        shown = as_shown(got.body, ctx)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable object: {e}") from e
-    if not visible:
+    if shown is None:
         return ctx.not_found()
     if ctx.representation.yaml:
         headers["Content-Type"] = YAML_CONTENT_TYPE
-        body = json_to_yaml(body)
-    return web.Response(status=200, body=body, headers=headers)
+        shown = json_to_yaml(shown)
+    return web.Response(status=200, body=shown, headers=headers)
 
 
-def body_visible(body: bytes, ctx: ProxyRequest) -> bool:
-    """Whether a GET response (an object, PartialObjectMetadata, or a Table of one row) may be
-    shown: the slice sees the object (:meth:`ProxyRequest.sees`). A Table counts only if every
-    row embeds an object the slice sees."""
+def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
+    """A GET response (an object, PartialObjectMetadata, or a Table of one row) as the slice
+    shows it, None when the slice does not see it (:func:`vwserver.holds.sees`): a Table counts
+    only if every row embeds an object the slice sees, and loses the objects when the client
+    asked for none; an object the slice is letting go of shows as being deleted
+    (:func:`vwserver.holds.as_leaving`). Its head is decoded once for all of that."""
     head = decode_head(body)
     if head.kind == "Table":
         rows = decode_table_rows(body)
-        return bool(rows) and all(
-            r.object is not None and ctx.sees(r.object.metadata) for r in rows
-        )
-    return ctx.sees(head.metadata)
-
-
-def as_shown(body: bytes, ctx: ProxyRequest) -> bytes:
-    """A visible object (or PartialObjectMetadata) as the slice shows it: being deleted when it
-    is leaving the slice (:func:`vwserver.holds.as_leaving`)."""
-    head = decode_head(body)
-    if head.kind == "Table":
-        return body
-    since = ctx.leaving(head.metadata)
+        if not rows or not all(r.object is not None and ctx.sees(r.object.metadata) for r in rows):
+            return None
+        return _strip_table(body) if ctx.strip_objects else body
+    meta = head.metadata
+    member = ctx.member  # one Member for both questions
+    labels, annotations, finalizers = meta.labels, meta.annotations, meta.finalizers
+    if not sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+        return None
+    if ctx.strip_objects:
+        return _strip_table(body)
+    since = leaving_since(member, labels=labels, annotations=annotations, finalizers=finalizers)
     return as_leaving(body, since) if since else body
 
 

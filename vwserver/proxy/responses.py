@@ -4,34 +4,23 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 
-from vwserver.errors import BadGateway
 from vwserver.proxy.upstream import FORWARDED_RESPONSE_HEADERS
-
-# Largest upstream body the proxy reads whole: one LIST page, one object (etcd's 1.5 MiB default,
-# up to 3 MiB as the issue requires), or a Status. Pages are bounded by the page size.
-MAX_BODY = 64 * 2**20
+from vwserver.proxy.upstream import read_body as read_body  # re-exported for the body readers
 
 
 def response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    return forwarded_response_headers(upstream.headers)
+
+
+def forwarded_response_headers(received: MultiMapping[str]) -> CIMultiDict[str]:
+    """The upstream response headers a client may see (:data:`FORWARDED_RESPONSE_HEADERS`)."""
     headers: CIMultiDict[str] = CIMultiDict()
     for name in FORWARDED_RESPONSE_HEADERS:
-        for value in upstream.headers.getall(name, []):
+        for value in received.getall(name, ()):
             headers.add(name, value)
     return headers
-
-
-async def read_body(upstream: aiohttp.ClientResponse, *, limit: int = MAX_BODY) -> bytes:
-    """Read a whole upstream body, refusing absurd sizes instead of growing without bound."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in upstream.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise BadGateway(f"upstream response larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def relay_whole(upstream: aiohttp.ClientResponse) -> web.Response:
