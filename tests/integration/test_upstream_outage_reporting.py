@@ -13,7 +13,9 @@ error text, since ``/readyz`` is unauthenticated.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -113,8 +115,11 @@ class FailingKcp(FakeKcp):
         return response
 
 
-async def test_the_controller_says_while_its_watch_of_slices_fails() -> None:
-    kcp = FailingKcp()
+@contextlib.asynccontextmanager
+async def controller_over(
+    kcp: FakeKcp, *, resync: float, retry: float, **options: Any
+) -> AsyncIterator[SliceController]:
+    """A running controller against the stand-in ``kcp`` (whose export exists and consents)."""
     kcp.auth.consent(**CONSENT)
     kcp.export_exists = True
     kcp.appeared.set()
@@ -126,23 +131,30 @@ async def test_the_controller_says_while_its_watch_of_slices_fails() -> None:
             settings=ControllerSettings(
                 export_path="root:vwserver",
                 external_url="https://vw.example",
-                resync=60.0,
-                retry=Backoff(initial=0.05, maximum=0.05),
+                resync=resync,
+                retry=Backoff(initial=retry, maximum=retry),
             ),
+            **options,
         )
         task = asyncio.create_task(controller.run())
         try:
-            await until("slices listed", controller.synced.is_set)
-            assert controller.failing() == []
-            kcp.up.clear()
-            await until("the failure reported", lambda: controller.failing() != [])
-            assert controller.failing() == ["the slice controller's watch of slices fails (1 of 1)"]
-            kcp.up.set()
-            await until("recovered", lambda: controller.failing() == [])
+            yield controller
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await controller.aclose()
+
+
+async def test_the_controller_says_while_its_watch_of_slices_fails() -> None:
+    kcp = FailingKcp()
+    async with controller_over(kcp, resync=60.0, retry=0.05) as controller:
+        await until("slices listed", controller.synced.is_set)
+        assert controller.failing() == []
+        kcp.up.clear()
+        await until("the failure reported", lambda: controller.failing() != [])
+        assert controller.failing() == ["the slice controller's watch of slices fails (1 of 1)"]
+        kcp.up.set()
+        await until("recovered", lambda: controller.failing() == [])
 
 
 async def test_the_slice_condition_follows_the_cache_watches_of_its_export() -> None:
@@ -150,9 +162,6 @@ async def test_the_slice_condition_follows_the_cache_watches_of_its_export() -> 
     export changes — within seconds, not at the next resync (an hour here) — and written while
     the controller can still reach kcp (with several shards, one export's can fail alone)."""
     kcp = FakeKcp()
-    kcp.auth.consent(**CONSENT)
-    kcp.export_exists = True
-    kcp.appeared.set()
     health = [WatchHealth(failing=0, total=2)]
     asked: list[tuple[str, ...]] = []
 
@@ -166,29 +175,12 @@ async def test_the_slice_condition_follows_the_cache_watches_of_its_export() -> 
         found = [c for c in kcp.statuses[-1]["conditions"] if c["type"] == "UpstreamReachable"]
         return f"{found[0]['status']} {found[0]['reason']}" if found else None
 
-    async with serve_app(kcp.app()) as base, KubeClient(auth=ClientAuth(server=base)) as client:
-        kcp.base = base
-        controller = SliceController(
-            client=client,
-            routes=Routes(),
-            settings=ControllerSettings(
-                export_path="root:vwserver",
-                external_url="https://vw.example",
-                resync=3600.0,
-                retry=Backoff(initial=3600.0, maximum=3600.0),
-            ),
-            upstream_watches=watches,
-            upstream_check=0.05,
-        )
-        task = asyncio.create_task(controller.run())
-        try:
-            await until("Watching", lambda: reachable() == "True Watching")
-            assert set(asked) == {(f"{base}/services/apiexport/exportid/widgets.example.io",)}
-            health[0] = WatchHealth(failing=1, total=2)
-            await until("WatchesFailing", lambda: reachable() == "False WatchesFailing")
-            health[0] = WatchHealth(failing=0, total=3)
-            await until("Watching again", lambda: reachable() == "True Watching")
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await controller.aclose()
+    async with controller_over(
+        kcp, resync=3600.0, retry=3600.0, upstream_watches=watches, upstream_check=0.05
+    ):
+        await until("Watching", lambda: reachable() == "True Watching")
+        assert set(asked) == {(f"{kcp.base}/services/apiexport/exportid/widgets.example.io",)}
+        health[0] = WatchHealth(failing=1, total=2)
+        await until("WatchesFailing", lambda: reachable() == "False WatchesFailing")
+        health[0] = WatchHealth(failing=0, total=3)
+        await until("Watching again", lambda: reachable() == "True Watching")
