@@ -178,20 +178,22 @@ def upstream_notes(failing: Sequence[str], *, cache: CacheRegistry | None) -> li
     the details).
     """
     lines = [f"upstream: {what}" for what in failing]
-    if cache is not None:
-        resources = cache.resources()
-        broken = sum(1 for r in resources if r.last_error is not None)
-        if broken:
-            lines.append(
-                f"upstream: the watch cache's upstream watches fail ({broken} of {len(resources)})"
-            )
+    health = watch_health(cache, None) if cache is not None else WatchHealth()
+    if health.failing:
+        lines.append(
+            f"upstream: the watch cache's upstream watches fail ({health.failing} of "
+            f"{health.total})"
+        )
     return lines
 
 
-def watch_health(cache: CacheRegistry, upstreams: Sequence[str]) -> WatchHealth:
-    """How many of the cache's upstream watches of the export URLs ``upstreams`` fail."""
-    wanted = {u.rstrip("/") for u in upstreams}
-    resources = [r for r in cache.resources() if r.upstream in wanted]
+def watch_health(cache: CacheRegistry, upstreams: Sequence[str] | None) -> WatchHealth:
+    """How many of the cache's upstream watches of the export URLs ``upstreams`` (None: of
+    every export) fail."""
+    resources = cache.resources()
+    if upstreams is not None:
+        wanted = {u.rstrip("/") for u in upstreams}
+        resources = [r for r in resources if r.upstream in wanted]
     failing = sum(1 for r in resources if r.last_error is not None)
     return WatchHealth(failing=failing, total=len(resources))
 

@@ -244,13 +244,14 @@ class KubeClient:
         assert self._session is not None, "use 'async with KubeClient(...)'"
         url = URL(self.url(path), encoded=True).with_query([*query, ("watch", "true")])
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+        answer_within = _watch_answer_within(idle_timeout)
         answered = False
         try:
             headers = self._headers(accept=accept)
             # An apiserver sends a watch's response headers as soon as the watch is set up (it
             # flushes them before the first event); an upstream that has not answered by then
             # is unreachable (a stalled connection), whatever the stream's silence limit.
-            async with asyncio.timeout(_watch_answer_within(idle_timeout)):
+            async with asyncio.timeout(answer_within):
                 response = await self._session.get(url, headers=headers, timeout=timeout)
             async with response:
                 answered = True
@@ -276,8 +277,7 @@ class KubeClient:
         except TimeoutError as e:
             if answered:  # a TimeoutError of the stream itself: the connection broke
                 raise UpstreamUnavailable(f"watch {url.host}:{url.port} broke: {e!r}") from e
-            within = _watch_answer_within(idle_timeout)
-            raise UpstreamUnavailable(f"watch {url.path}: no answer in {within:g}s") from e
+            raise UpstreamUnavailable(f"watch {url.path}: no answer in {answer_within:g}s") from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise UpstreamUnavailable(f"watch {url.host}:{url.port} broke: {e!r}") from e
 

@@ -169,11 +169,10 @@ class _ListWatch:
                     continue
                 failures += 1  # ended without a single event: do not spin
             except WatchSilent as e:
-                # The watch had answered, so the upstream was reachable: resume at once from
-                # the same resourceVersion; a dead connection shows as the next watch's failure.
+                # The watch had answered (its answer cleared any error), so the upstream was
+                # reachable: resume at once from the same resourceVersion; a dead connection
+                # shows as the next watch's failure.
                 log.info("%s: %s; watching again", self.name, e)
-                self.last_error = None
-                self._recovered()
                 failures = 0
                 continue
             except ApiGone as e:

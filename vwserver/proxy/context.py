@@ -69,12 +69,13 @@ class ProxyRequest:
     records_holds: bool = False
     """Whether finalizers added through this slice are recorded as its holds: only where the
     slice's reads come from the shared cache, whose views can show an object leaving it."""
+    member: Member = field(init=False)
+    """The slice as the membership function sees it (built once: every object a request reads
+    is checked against it)."""
 
-    @property
-    def member(self) -> Member:
-        """The slice as the membership function sees it."""
+    def __post_init__(self) -> None:
         route = self.route
-        return Member(
+        self.member = Member(
             selector=route.selector,
             id=slice_id(route.cluster, route.name),
             peers=self.peers,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from vwserver.errors import BadGateway
-from vwserver.holds import as_leaving, leaving_since, sees
+from vwserver.holds import as_leaving
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
@@ -61,14 +61,11 @@ def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
         if not rows or not all(r.object is not None and ctx.sees(r.object.metadata) for r in rows):
             return None
         return _strip_table(body) if ctx.strip_objects else body
-    meta = head.metadata
-    member = ctx.member  # one Member for both questions
-    labels, annotations, finalizers = meta.labels, meta.annotations, meta.finalizers
-    if not sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+    if not ctx.sees(head.metadata):
         return None
     if ctx.strip_objects:
         return _strip_table(body)
-    since = leaving_since(member, labels=labels, annotations=annotations, finalizers=finalizers)
+    since = ctx.leaving(head.metadata)
     return as_leaving(body, since) if since else body
 
 
