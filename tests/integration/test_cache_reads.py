@@ -207,6 +207,41 @@ async def test_watch_list_ends_its_initial_events_with_the_bookmark(pair: Pair) 
     assert sorted(seen) == ["w0", "w2"]
 
 
+async def test_watch_list_from_now_is_served_from_the_cache_when_kcp_moved_on(pair: Pair) -> None:
+    """kcp's resourceVersion moves with writes to other resources, which the cache never sees
+    (here: APIBindings in other workspaces), so a watch-list from "now" finds the cache
+    behind. It is served from the cache's state all the same: kcp's answer could only filter
+    by labels, and would show an object leaving the slice as deleted."""
+    await pair.both(WIDGETS)  # the cache is synced
+    before = pair.fake.resource_version
+    for i in range(3):
+        pair.fake.bind(cluster=f"elsewhere-{i}")
+    assert pair.fake.resource_version > before
+    params = {
+        "watch": "1",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+    }
+    seen: list[str] = []
+    async with asyncio.timeout(WAIT):
+        async with pair.session.get(pair.url(pair.cached, NS1, cluster="c1"), params=params) as r:
+            async for line in r.content:
+                event = json.loads(line)
+                annotations = event["object"]["metadata"].get("annotations", {})
+                if event["type"] == "BOOKMARK":
+                    if annotations.get("k8s.io/initial-events-end") == "true":
+                        break
+                    continue
+                seen.append(event["object"]["metadata"]["name"])
+        async with pair.session.get(f"{pair.cached}/metrics") as r:
+            text = await r.text()
+    assert sorted(seen) == ["w0", "w2"]
+    watches = [line for line in text.splitlines() if line.startswith("vwserver_cache_reads")]
+    assert not [line for line in watches if "fallback" in line and 'verb="watch"' in line], watches
+    assert [line for line in watches if "served" in line and 'verb="watch"' in line], watches
+
+
 async def test_many_watches_share_one_upstream_watch(pair: Pair) -> None:
     pair.fake.faults.requests.clear()
     url = pair.url(pair.cached, WIDGETS)

@@ -223,7 +223,8 @@ def watch_plan(options: Options) -> WatchPlan:
     """The plan of a WATCH that :func:`cacheable` accepted."""
     rv = options.get("resourceVersion") or ""
     if not rv and options.flag("sendInitialEvents"):
-        # watch-list from "now": the apiserver waits until its cache is fresh.
+        # watch-list from "now": the apiserver waits until its cache is fresh (proxy.cached.
+        # ready: briefly, then from the cache's state as it is).
         changes_after, consistency, at = None, Consistency.CONSISTENT, 0
     elif not rv or rv == "0":
         # A plain watch without a resourceVersion starts from the watch cache's state as it

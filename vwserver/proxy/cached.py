@@ -160,9 +160,20 @@ def _encoder(ctx: ProxyRequest, resource: SharedResource) -> _Encoder:
 
 
 async def ready(
-    ctx: ProxyRequest, resource: SharedResource, consistency: Consistency, rv: int
+    ctx: ProxyRequest,
+    resource: SharedResource,
+    consistency: Consistency,
+    rv: int,
+    *,
+    watch: bool = False,
 ) -> None:
-    """Wait until the cache may answer with ``consistency``; :class:`Fallback` otherwise."""
+    """Wait until the cache may answer with ``consistency``; :class:`Fallback` otherwise.
+
+    A ``watch`` whose state must be at least as new as ``rv`` (watch-list) is served from the
+    cache's state even when the cache has not reached ``rv`` after the wait: kcp's answer to a
+    watch can only filter by labels, so it would show an object leaving the slice as deleted
+    (breaking the handoff), while the cache's watch sends any change it has not applied yet as
+    the next event — the client's informer ends at the same state either way."""
     if not await resource.wait_synced(SYNC_WAIT):
         raise Fallback(f"cache of {ctx.api.resource} not synced: {resource.last_error}")
     loop = asyncio.get_running_loop()
@@ -175,6 +186,7 @@ async def ready(
         consistency is not Consistency.ANY
         and rv
         and not await resource.wait_for(rv, timeout=FRESHNESS_WAIT)
+        and not watch
     ):
         raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
     if consistency is Consistency.CONSISTENT:
@@ -330,7 +342,7 @@ async def serve_cached_watch(
 ) -> web.StreamResponse:
     view = ctx.member
     client = client_filter(ctx)
-    await ready(ctx, resource, plan.consistency, plan.rv)
+    await ready(ctx, resource, plan.consistency, plan.rv, watch=True)
     enc = _encoder(ctx, resource)
     start = start_watch(resource, plan, view=view, client=client)
     response, subscription = await open_watch(ctx, start)

@@ -193,7 +193,7 @@ async def serve_table_watch(
 ) -> web.StreamResponse:
     view = ctx.member
     client = client_filter(ctx)
-    await ready(ctx, resource, plan.consistency, plan.rv)
+    await ready(ctx, resource, plan.consistency, plan.rv, watch=True)
     printer = _printer(ctx, resource, bookmarks=plan.bookmarks or plan.initial_events_end)
     watch = _TableWatch(resource, printer, view=view, client=client, bookmarks=plan.bookmarks)
     start = start_watch(resource, plan, view=view, client=client)
