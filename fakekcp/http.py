@@ -577,10 +577,12 @@ class Handlers:
         )
 
     async def _delete_options(self, request: web.Request) -> tuple[bool, str | None, str | None]:
-        dry_run = dry_run_requested(request.query, "DeleteOptions")
         body = await self._read_body(request) if await request.read() else None
         if body is not None and not isinstance(body, dict):
             raise bad_request("DeleteOptions must be a JSON object")
+        # Like the apiserver (handlers/delete.go): DeleteOptions come from the body when there
+        # is one, and the query's DeleteOptions parameters are then ignored.
+        dry_run = body is None and dry_run_requested(request.query, "DeleteOptions")
         options: JSON = body or {}
         if options.get("dryRun"):
             values = (

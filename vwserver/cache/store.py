@@ -110,6 +110,20 @@ class Store:
             return entries[index]
         return None
 
+    def entries_of(self, cluster: str, *, namespace: str | None = None) -> list[Entry]:
+        """The current objects of one logical cluster (and ``namespace``, if given), by key:
+        a binary search and the entries of that range."""
+        entries = self._entries
+        # ("", "") is the smallest rest of a key: the range starts there.
+        start: Key = (cluster, namespace or "", "")
+        index = bisect.bisect_left(entries, start, key=_key)
+        out: list[Entry] = []
+        width = 1 if namespace is None else 2
+        while index < len(entries) and _key(entries[index])[:width] == start[:width]:
+            out.append(entries[index])
+            index += 1
+        return out
+
     # --- writes: the reflector's list, events and bookmarks --------------------------------------
 
     def replace(self, entries: list[Entry], rv: int) -> None:

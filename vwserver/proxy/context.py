@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -22,6 +23,9 @@ from vwserver.proxy.upstream import UpstreamClient, forwarded_headers
 from vwserver.proxy.yamlout import json_to_yaml
 from vwserver.routes import Route
 from vwserver.selector import Selector
+
+if TYPE_CHECKING:
+    from vwserver.cache.registry import CacheRegistry
 
 
 @dataclass(slots=True)
@@ -69,6 +73,8 @@ class ProxyRequest:
     records_holds: bool = False
     """Whether finalizers added through this slice are recorded as its holds: only where the
     slice's reads come from the shared cache, whose views can show an object leaving it."""
+    cache: CacheRegistry | None = None
+    """The shared watch cache (None: not used), for the proxy's own checks of a write."""
     member: Member = field(init=False)
     """The slice as the membership function sees it (built once: every object a request reads
     is checked against it)."""

@@ -248,6 +248,7 @@ class ProxyHandler:
             # whose label-selected answers cannot show an object leaving the slice: holds are
             # recorded only where the slice's reads come from the cache.
             records_holds=self._cache is not None and route.cache and self._delegated,
+            cache=self._cache,
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)

@@ -90,17 +90,22 @@ _LIST: dict[str, Callable[[str, str], None]] = {
     "watch": _bool,
     "includeObject": _one_of("None", "Metadata", "Object"),
 }
+LIST_QUERY: tuple[str, ...] = tuple(_LIST)
 _WRITE: dict[str, Callable[[str, str], None]] = {
     "dryRun": _dry_run,
     "fieldManager": _pattern(r"[ -~]{1,128}", "must be 1-128 printable characters"),
     "fieldValidation": _one_of("Ignore", "Warn", "Strict"),
 }
+PROPAGATION_POLICIES: tuple[str, ...] = ("Orphan", "Background", "Foreground")
 _DELETE: dict[str, Callable[[str, str], None]] = {
     "dryRun": _dry_run,
     "gracePeriodSeconds": _int,
-    "propagationPolicy": _one_of("Orphan", "Background", "Foreground"),
+    "propagationPolicy": _one_of(*PROPAGATION_POLICIES),
     "orphanDependents": _bool,
 }
+DELETE_QUERY: tuple[str, ...] = tuple(_DELETE)
+"""The query parameters that are DeleteOptions (the rest of a deletecollection's query lists
+what to delete)."""
 
 # OpenAPI v3 documents are fetched as /openapi/v3/apis/<g>/<v>?hash=<etag> (immutable caching).
 _DISCOVERY: dict[str, Callable[[str, str], None]] = {
@@ -174,3 +179,22 @@ def check(query: Iterable[tuple[str, str]], *, verb: Verb, discovery: bool = Fal
         allowed[name](name, value)
         items.append((name, value))
     return Options(tuple(items))
+
+
+def delete_options(options: Options) -> dict[str, object]:
+    """The DeleteOptions the query's DeleteOptions parameters mean, typed as the apiserver's
+    query decoder types them (``dryRun`` a list, ``gracePeriodSeconds`` an int64,
+    ``orphanDependents`` a bool). The apiserver reads DeleteOptions from the request body when
+    there is one and then ignores these parameters (handlers/delete.go): a proxy that sends its
+    own body must carry them in it."""
+    out: dict[str, object] = {}
+    for name, value in options.items:
+        if name == "dryRun":
+            out[name] = [value]
+        elif name == "gracePeriodSeconds":
+            out[name] = int(value)
+        elif name == "orphanDependents":
+            out[name] = parse_bool(name, value)
+        elif name == "propagationPolicy":
+            out[name] = value
+    return out

@@ -43,11 +43,17 @@ from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
 from vwserver.holds import sees
-from vwserver.proxy import holding
+from vwserver.proxy import dependents, holding
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, decode_head, decode_page
 from vwserver.proxy.holding import Stored
+from vwserver.proxy.options import (
+    DELETE_QUERY,
+    LIST_QUERY,
+    PROPAGATION_POLICIES,
+    delete_options,
+)
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
 from vwserver.selector import Requirement, Selector
 
@@ -61,9 +67,12 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 _APPLY_CBOR = "application/apply-patch+cbor"
 
-# JSON pointers a client's JSON patch may only `test`: writing them could move the version the
-# proxy's precondition is checked against (RFC 6901: "" is the whole document).
-_PROXY_OWNED_POINTERS = frozenset({"", "/metadata", "/metadata/resourceVersion"})
+# JSON pointers (as RFC 6901 reference tokens) a client's JSON patch may only `test`: writing
+# them could move the version the proxy's precondition is checked against ("" is the whole
+# document).
+_PROXY_OWNED_TOKENS: frozenset[tuple[str, ...]] = frozenset(
+    {(), ("metadata",), ("metadata", "resourceVersion")}
+)
 _JSON_PATCH_OPS = frozenset({"add", "remove", "replace", "move", "copy", "test"})
 # DeleteOptions fields a client may send (metav1.DeleteOptions, without the unsafe
 # ignoreStoreReadErrorWithClusterBreakingPotential).
@@ -78,10 +87,6 @@ _DELETE_OPTIONS = frozenset(
         "dryRun",
     }
 )
-
-# The query parameters of a DELETE (DeleteOptions); the rest of a deletecollection's query
-# lists what to delete.
-_DELETE_QUERY = ("dryRun", "gracePeriodSeconds", "propagationPolicy", "orphanDependents")
 
 _encoder = msgspec.json.Encoder()
 
@@ -162,8 +167,11 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
         # create *before* the stored object is looked at, so an apply naming an object outside
         # the slice is refused exactly like one naming a missing object (no existence oracle).
         # A configuration must therefore keep the object in the slice by itself.
+        # Its metadata.resourceVersion, though, is a precondition on the stored object, checked
+        # after the lookup (present and missing: NotFound; present and stored: as for merge
+        # patches, 409 unless it is the stored one).
         assert isinstance(patch, dict)
-        _label_for_create(patch, ctx.route.selector)
+        _label_for_create(patch, ctx.route.selector, precondition=True)
     client_dry_run = ctx.options.get("dryRun") == "All"
     query = ctx.options.items
     headers = ctx.upstream_headers(content_type=content_type)
@@ -233,12 +241,24 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
     async def leaving(stored: Stored, since: str) -> web.StreamResponse:
         raise holding.leaving_refusal(ctx, stored)
 
-    return await _write_checked(
-        ctx,
-        "DELETE",
-        lambda stored: _encoder.encode(_with_preconditions(options, stored, ctx)),
-        leaving=leaving,
-    )
+    async with dependents.checking(ctx) as dependent_check:
+
+        def prepare(stored: Stored) -> bytes:
+            send = _with_preconditions(options, stored, ctx)
+            meta = stored.metadata
+            dependent_check.check(
+                uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=send
+            )
+            return _encoder.encode(send)
+
+        return await _write_checked(
+            ctx,
+            "DELETE",
+            prepare,
+            leaving=leaving,
+            # The options are in the body (the apiserver would ignore them in the query).
+            query=ctx.options.without(*DELETE_QUERY),
+        )
 
 
 async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
@@ -248,12 +268,32 @@ async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
     options = await _delete_options(ctx)
     if "preconditions" in options:
         raise BadRequest("preconditions are not supported for deletecollection")
-    selector = ctx.effective_selector()
+    ctx.effective_selector()  # 400 for a malformed labelSelector, before anything is done
     list_query = [
-        *ctx.upstream_query(drop=(*_DELETE_QUERY, "limit")),
+        *ctx.upstream_query(drop=(*DELETE_QUERY, "limit")),
         ("limit", str(ctx.page_size)),
     ]
-    delete_query = [(k, v) for k, v in ctx.options.items if k in _DELETE_QUERY]
+    # Each delete carries the options in its body (the apiserver would ignore them in the query).
+    delete_query = ctx.options.without(*DELETE_QUERY, *LIST_QUERY)
+    async with dependents.checking(ctx) as dependent_check:
+        return await _delete_listed(
+            ctx,
+            list_query=list_query,
+            delete_query=delete_query,
+            options=options,
+            dependent_check=dependent_check,
+        )
+
+
+async def _delete_listed(
+    ctx: ProxyRequest,
+    *,
+    list_query: list[tuple[str, str]],
+    delete_query: list[tuple[str, str]],
+    options: dict[str, Any],
+    dependent_check: dependents.DependentCheck,
+) -> web.StreamResponse:
+    selector = ctx.effective_selector()
     headers = ctx.upstream_headers()
     deleted: list[bytes] = []
     kind = api_version = ""
@@ -272,7 +312,9 @@ async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
             raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
         kind, api_version = page.kind, page.api_version
         for raw in page.visible(selector):
-            answer = await _delete_one(ctx, raw, options=options, query=delete_query)
+            answer = await _delete_one(
+                ctx, raw, options=options, query=delete_query, dependent_check=dependent_check
+            )
             if isinstance(answer, web.Response):
                 return answer
             if answer is not None:
@@ -298,6 +340,7 @@ async def _delete_one(
     *,
     options: dict[str, Any],
     query: list[tuple[str, str]],
+    dependent_check: dependents.DependentCheck,
 ) -> bytes | web.Response | None:
     """Delete one listed object conditionally: the object (as deleted, or being deleted), None
     when it changed or vanished since it was listed (then it is no longer the object the
@@ -308,6 +351,9 @@ async def _delete_one(
         return None
     send = dict(options)
     send["preconditions"] = {"uid": meta.uid, "resourceVersion": meta.resourceVersion}
+    dependent_check.check(
+        uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=send
+    )
     async with ctx.upstream.request(
         "DELETE",
         ctx.item_url(namespace=meta.namespace, name=meta.name),
@@ -335,6 +381,7 @@ async def _write_checked(
     *,
     refused: Invalid | None = None,
     leaving: Callable[[Stored, str], Awaitable[web.StreamResponse]],
+    query: list[tuple[str, str]] | None = None,
 ) -> web.StreamResponse:
     """Check that the stored object is in the slice, then send the write made conditional on
     what was checked; if the object changed in between, check again. ``refused``: the
@@ -353,7 +400,7 @@ async def _write_checked(
         async with ctx.upstream.request(
             method,
             ctx.upstream_url,
-            query=ctx.options.items,
+            query=ctx.options.items if query is None else query,
             headers=ctx.upstream_headers(content_type=JSON),
             data=data,
         ) as up:
@@ -406,13 +453,35 @@ def _with_preconditions(
 
 
 async def _delete_options(ctx: ProxyRequest) -> dict[str, Any]:
+    """The client's DeleteOptions, from its body if it sent one, else from its query.
+
+    The apiserver decodes DeleteOptions from the body when there is one and then ignores the
+    DeleteOptions query parameters; without a body it reads them from the query
+    (handlers/delete.go). The proxy always sends a body (its preconditions), so the client's
+    query options go into it. A client that sends both has two readings (the apiserver's and the
+    one it meant): 400, naming the parameters."""
     raw = await ctx.request.read()
-    options = decode_json(raw) if raw.strip() else {}
+    in_query = [name for name in DELETE_QUERY if name in ctx.options]
+    if not raw.strip():
+        return delete_options(ctx.options)
+    if in_query:
+        raise BadRequest(
+            f"DeleteOptions given both in the body and as query parameters "
+            f"({', '.join(in_query)}): send them in one place"
+        )
+    options = decode_json(raw)
     if not isinstance(options, dict):
         raise BadRequest("DeleteOptions must be a JSON object")
     unknown = sorted(set(options) - _DELETE_OPTIONS)
     if unknown:
         raise BadRequest(f"DeleteOptions: unsupported field(s) {', '.join(unknown)}")
+    _check_delete_options(options)
+    return options
+
+
+def _check_delete_options(options: dict[str, Any]) -> None:
+    """The body's fields of the types the apiserver decodes them to (the proxy reads
+    ``propagationPolicy``/``orphanDependents`` and ``preconditions`` itself: one reading)."""
     pre = options.get("preconditions")
     if pre is not None and (
         not isinstance(pre, dict)
@@ -420,7 +489,23 @@ async def _delete_options(ctx: ProxyRequest) -> dict[str, Any]:
         or not all(v is None or isinstance(v, str) for v in pre.values())
     ):
         raise BadRequest("DeleteOptions.preconditions: only string uid and resourceVersion")
-    return options
+    dry_run = options.get("dryRun")
+    if dry_run is not None and (not isinstance(dry_run, list) or any(v != "All" for v in dry_run)):
+        raise BadRequest('DeleteOptions.dryRun: must be a list of "All"')
+    grace = options.get("gracePeriodSeconds")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
+        raise BadRequest("DeleteOptions.gracePeriodSeconds: must be an integer")
+    policy = options.get("propagationPolicy")
+    if policy is not None and policy not in PROPAGATION_POLICIES:
+        raise BadRequest(
+            f"DeleteOptions.propagationPolicy: must be one of {', '.join(PROPAGATION_POLICIES)}"
+        )
+    orphan = options.get("orphanDependents")
+    if orphan is not None and not isinstance(orphan, bool):
+        raise BadRequest("DeleteOptions.orphanDependents: must be true or false")
+    for key in ("kind", "apiVersion"):
+        if options.get(key) is not None and not isinstance(options[key], str):
+            raise BadRequest(f"DeleteOptions.{key}: must be a string")
 
 
 async def _lost_race(
@@ -533,11 +618,16 @@ def _check_labels(labels: Any, *, deletions: bool = False) -> None:
             raise BadRequest(f"metadata.labels[{key}]: the value must be a string")
 
 
-def _label_for_create(body: dict[str, Any], selector: Selector) -> None:
+def _label_for_create(
+    body: dict[str, Any], selector: Selector, *, precondition: bool = False
+) -> None:
+    """``body`` labelled as the slice requires; 422 if it cannot be in the slice.
+    ``precondition``: a resourceVersion in it is a precondition checked later (an apply),
+    not the create's mistake."""
     meta = body.setdefault("metadata", {})
     if not isinstance(meta, dict):
         raise BadRequest("metadata must be an object")
-    if meta.get("resourceVersion"):
+    if not precondition and meta.get("resourceVersion"):
         # The apiserver answers this with a 500; it is the client's mistake.
         raise BadRequest("metadata.resourceVersion must not be set on objects to be created")
     labels = meta.get("labels") or {}
@@ -617,31 +707,78 @@ def _patch_precondition(
     return _with_resource_version(patch, stored, ctx)
 
 
+class PointerError(ValueError):
+    """A string that is no RFC 6901 JSON pointer."""
+
+
+def pointer_tokens(pointer: str) -> tuple[str, ...]:
+    """The reference tokens of an RFC 6901 JSON pointer, unescaped: ``""`` is the whole
+    document, anything else starts with ``/``; ``~`` appears only as ``~0`` (``~``) or ``~1``
+    (``/``). Raises :class:`PointerError` for anything else.
+
+    kcp's JSON patch (evanphx/json-patch v4) does not check this: it ignores whatever precedes
+    the first ``/`` (``x/metadata/resourceVersion`` addresses ``/metadata/resourceVersion``),
+    so the proxy reads only pointers both sides read the same way."""
+    if pointer == "":
+        return ()
+    if not pointer.startswith("/"):
+        raise PointerError("must be empty or start with '/'")
+    tokens = pointer[1:].split("/")
+    for token in tokens:
+        rest = token
+        while (i := rest.find("~")) >= 0:
+            if rest[i + 1 : i + 2] not in ("0", "1"):
+                raise PointerError("'~' must be followed by '0' or '1'")
+            rest = rest[i + 2 :]
+    # ~1 first, then ~0 (RFC 6901, section 4): "~01" is "~1", not "/".
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
+
+
+_LABELS_TOKENS = ("metadata", "labels")
+
+
 def _check_json_patch(ops: list[Any]) -> None:
     for i, op in enumerate(ops):
         if not isinstance(op, dict) or op.get("op") not in _JSON_PATCH_OPS:
             raise BadRequest(f"JSON patch operation {i}: not an RFC 6902 operation")
-        pointers = [op.get("path")]
-        if op["op"] == "move":
-            pointers.append(op.get("from"))  # a move removes its source
+        names = ["path"]
+        if op["op"] in ("move", "copy"):
+            names.append("from")
+        tokens: dict[str, tuple[str, ...]] = {}
+        for name in names:
+            pointer = op.get(name)
+            if not isinstance(pointer, str):
+                raise BadRequest(f"JSON patch operation {i}: {name} must be a string")
+            try:
+                tokens[name] = pointer_tokens(pointer)
+            except PointerError as e:
+                # What kcp answers for a patch it cannot apply: 422 (the apiserver's patch
+                # handler), here before anything reaches kcp.
+                raise Invalid(
+                    f"JSON patch operation {i}: {name} {pointer!r} is not a JSON pointer "
+                    f"(RFC 6901): {e}",
+                    details={
+                        "causes": [
+                            {"reason": "FieldValueInvalid", "message": str(e), "field": name}
+                        ]
+                    },
+                ) from e
         if op["op"] in ("add", "replace"):
             # Values written into labels must be strings (a map of strings for the whole map).
-            path, value = op.get("path"), op.get("value")
-            if path == "/metadata/labels":
+            path, value = tokens["path"], op.get("value")
+            if path == _LABELS_TOKENS:
                 _check_labels(value)
-            elif (
-                isinstance(path, str)
-                and path.startswith("/metadata/labels/")
-                and not isinstance(value, str)
-            ):
+            elif len(path) == 3 and path[:2] == _LABELS_TOKENS and not isinstance(value, str):
                 raise BadRequest(f"JSON patch operation {i}: a label value must be a string")
-        for pointer in pointers:
-            if not isinstance(pointer, str):
-                raise BadRequest(f"JSON patch operation {i}: path must be a string")
-            if op["op"] != "test" and pointer in _PROXY_OWNED_POINTERS:
+        written = [tokens["path"]]
+        if op["op"] == "move":
+            written.append(tokens["from"])  # a move removes its source
+        for where in written:
+            if op["op"] != "test" and where in _PROXY_OWNED_TOKENS:
                 raise Invalid(
-                    f"JSON patch operation {i} ({op['op']} {pointer!r}): metadata.resourceVersion "
-                    "is the precondition of every write through a slice; it may only be tested",
+                    f"JSON patch operation {i} ({op['op']} {op.get('path')!r}): "
+                    "metadata.resourceVersion is the precondition of every write through a "
+                    "slice; it may only be tested",
                     details={
                         "causes": [
                             {
