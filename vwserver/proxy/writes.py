@@ -311,10 +311,15 @@ async def _delete_listed(
         except UndecodableError as e:
             raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
         kind, api_version = page.kind, page.api_version
-        for raw in page.visible(selector):
-            answer = await _delete_one(
-                ctx, raw, options=options, query=delete_query, dependent_check=dependent_check
+        visible = list(page.visible(selector))
+        # The page's dependents are checked before any of it is deleted (in memory: the cache).
+        for raw in visible:
+            meta = decode_head(raw).metadata
+            dependent_check.check(
+                uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=options
             )
+        for raw in visible:
+            answer = await _delete_one(ctx, raw, options=options, query=delete_query)
             if isinstance(answer, web.Response):
                 return answer
             if answer is not None:
@@ -340,7 +345,6 @@ async def _delete_one(
     *,
     options: dict[str, Any],
     query: list[tuple[str, str]],
-    dependent_check: dependents.DependentCheck,
 ) -> bytes | web.Response | None:
     """Delete one listed object conditionally: the object (as deleted, or being deleted), None
     when it changed or vanished since it was listed (then it is no longer the object the
@@ -351,9 +355,6 @@ async def _delete_one(
         return None
     send = dict(options)
     send["preconditions"] = {"uid": meta.uid, "resourceVersion": meta.resourceVersion}
-    dependent_check.check(
-        uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=send
-    )
     async with ctx.upstream.request(
         "DELETE",
         ctx.item_url(namespace=meta.namespace, name=meta.name),
