@@ -43,7 +43,7 @@ _delete_query = st.fixed_dictionaries(
         "dryRun": st.just("All"),
         "gracePeriodSeconds": st.integers(min_value=0, max_value=60).map(str),
         "propagationPolicy": st.sampled_from(["Orphan", "Background", "Foreground"]),
-        "orphanDependents": st.sampled_from(["true", "false", "1", "0", "True", "F"]),
+        "orphanDependents": st.sampled_from(["true", "false", "1", "0", "True", "FALSE", "t"]),
     },
 )
 _delete_body = st.one_of(
@@ -132,6 +132,16 @@ async def test_empty_body_means_the_query(env: Env) -> None:
     env.fake.faults.requests.clear()
     status, doc = await send(env, "DELETE", env.widgets() + "/w0", "  ", params={"dryRun": "All"})
     assert status == 200, doc
+    assert env.fake.get(cluster="c1", namespace="ns1", name="w0") is not None
+
+
+async def test_booleans_read_two_ways_are_refused(env: Env) -> None:
+    # "f" is false to strconv.ParseBool and true to the apiserver's option decoder
+    for value in ("f", "F", "yes", "fAlse"):
+        status, doc = await send(
+            env, "DELETE", env.widgets() + "/w0", params={"orphanDependents": value}
+        )
+        assert status == 400, (value, doc)
     assert env.fake.get(cluster="c1", namespace="ns1", name="w0") is not None
 
 

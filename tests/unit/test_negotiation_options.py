@@ -94,14 +94,22 @@ def test_discovery_accept_keeps_only_well_formed_known_entries() -> None:
 
 @pytest.mark.parametrize(
     ("query", "watch"),
-    [([], False), ([("watch", "true")], True), ([("watch", "1")], True), ([("watch", "F")], False)],
+    [([], False), ([("watch", "true")], True), ([("watch", "1")], True), ([("watch", "0")], False)],
 )
 def test_watch_requested(query: list[tuple[str, str]], watch: bool) -> None:
     assert watch_requested(query) is watch
 
 
 @pytest.mark.parametrize(
-    "query", [[("watch", "yes")], [("watch", "")], [("watch", "1"), ("watch", "1")]]
+    "query",
+    [
+        [("watch", "yes")],
+        [("watch", "")],
+        [("watch", "1"), ("watch", "1")],
+        # strconv.ParseBool: false; the apiserver's option decoder: true (not "0" or "false")
+        [("watch", "F")],
+        [("watch", "f")],
+    ],
 )
 def test_watch_values_that_are_not_one_boolean_are_400(query: list[tuple[str, str]]) -> None:
     with pytest.raises(BadRequest):

@@ -20,13 +20,18 @@ from dataclasses import dataclass
 from vwserver.errors import BadRequest
 from vwserver.proxy.paths import Verb
 
+# The apiserver reads a boolean query parameter in two ways: ``pretty`` with Go's
+# ``strconv.ParseBool``, the options it decodes (``watch``, ``orphanDependents``,
+# ``allowWatchBookmarks``, ...) with apimachinery's ``Convert_Slice_string_To_bool``, for which
+# only "0" and (case-insensitively) "false" are false and *anything else* is true — "f" and "F"
+# are false to one and true to the other. Only the values both read alike are accepted.
 _BOOLS_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_BOOLS_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_BOOLS_FALSE = frozenset({"0", "FALSE", "false", "False"})
 _MAX_VALUE = 4096
 
 
 def parse_bool(name: str, value: str) -> bool:
-    """Go's ``strconv.ParseBool``, which the apiserver's query decoder uses."""
+    """A boolean as both of the apiserver's readings read it (see above); 400 otherwise."""
     if value in _BOOLS_TRUE:
         return True
     if value in _BOOLS_FALSE:
