@@ -385,6 +385,10 @@ async def test_dependents_check_is_bounded_and_refuses_hidden_dependents() -> No
         # one list of the shared cache for five deletes (plus the five checks' GETs of the owner)
         assert len(lists) == 1, [(r.path, r.query) for r in lists]
         assert not [r for r in pair.fake.faults.requests if r.method == "DELETE"]
+        # deletecollection: the page (owner, plain-0) is checked before any of it is deleted
+        async with pair.session.delete(url) as r:
+            assert r.status == 409, await r.text()
+        assert not [r for r in pair.fake.faults.requests if r.method == "DELETE"]
         # an object with no hidden dependents is deleted
         async with pair.session.delete(f"{url}/plain-0") as r:
             assert r.status == 200, await r.text()

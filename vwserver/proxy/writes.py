@@ -17,6 +17,13 @@ The precondition is the proxy's, whatever the client sends: a client cannot swit
   other operation that writes ``/metadata/resourceVersion``, ``/metadata`` or the whole document
   (``copy``/``move``/``replace``/``add``/``remove``) is refused with 422: it could change the
   version the precondition is checked against between the dry run and the write.
+* JSON-patch pointers are read as RFC 6901 says (kcp's JSON patch ignores what precedes the
+  first ``/``, so ``x/metadata/resourceVersion`` would alias ``/metadata/resourceVersion``):
+  anything else is 422, and the checks compare decoded reference tokens.
+* DeleteOptions travel in the body the proxy sends (its preconditions); the apiserver ignores
+  DeleteOptions query parameters when there is a body, so the client's are moved into it
+  (:func:`_delete_options`), and a DELETE whose effective propagation would make kcp's garbage
+  collector delete dependents outside the slice is refused (:mod:`vwserver.proxy.dependents`).
 * DELETECOLLECTION is carried out by the proxy as a filtered list followed by one conditional
   DELETE per visible object; the apiserver's own collection delete has no per-object
   precondition, so an object relabelled out of the slice between its list and its delete would
@@ -315,6 +322,8 @@ async def _delete_listed(
         # The page's dependents are checked before any of it is deleted (in memory: the cache).
         for raw in visible:
             meta = decode_head(raw).metadata
+            if not ctx.sees(meta) or ctx.leaving(meta) is not None:
+                continue  # not deleted (:func:`_delete_one`)
             dependent_check.check(
                 uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=options
             )
