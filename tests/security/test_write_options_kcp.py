@@ -7,8 +7,8 @@ Facts these tests rest on (kcp v0.32.3):
 * DELETE/DELETECOLLECTION: the apiserver reads DeleteOptions from the body when there is one and
   then ignores the DeleteOptions query parameters; the proxy always sends a body (its
   preconditions), so it moves the client's query options into it. Body and query together: 400.
-* kcp runs a garbage collector per logical cluster that acts on these custom resources within a
-  second or two: Orphan (or ``orphanDependents=true``) removes the dependents' ownerReferences,
+* kcp runs a garbage collector per logical cluster that acts on these custom resources well
+  within the tests' bound (``GC_WAIT``): Orphan (or ``orphanDependents=true``) removes the dependents' ownerReferences,
   Background, Foreground and the default (custom resources: Background) delete them.
 * Custom resources have no graceful deletion: ``gracePeriodSeconds`` is accepted in both forms,
   and an object held by a finalizer gets ``deletionGracePeriodSeconds: 0`` whatever was asked.
@@ -630,3 +630,20 @@ async def test_owner_with_dependents_in_the_slice_only(kit: Kit) -> None:
         lambda: _gone(kit, mine["metadata"]["name"]),
         within=GC_WAIT,
     )
+
+
+# --- booleans: the spellings kcp and strconv.ParseBool read differently --------------------------
+
+
+async def test_kcp_reads_f_as_true_and_the_proxy_refuses_it(kit: Kit) -> None:
+    """kcp decodes ``watch=F`` (and every option boolean) with apimachinery's converter, for which
+    only "0" and "false" are false: a LIST with ``watch=F`` is a watch to kcp. The proxy, which
+    would have read it with strconv.ParseBool as false, refuses such spellings."""
+    async with kit.admin.get(kit.direct, params={"watch": "F", "timeoutSeconds": "1"}) as r:
+        raw = await r.read()
+        assert r.status == 200, raw
+    first = json.loads(raw.splitlines()[0]) if raw.strip() else {}
+    assert first.get("type") in ("ADDED", "BOOKMARK") or raw.strip() == b"", raw[:200]
+    assert first.get("kind") != "WidgetList"
+    status, doc = await kit.send("GET", kit.through(), params={"watch": "F"})
+    assert status == 400, doc
