@@ -25,7 +25,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 
@@ -114,7 +114,7 @@ def routes(vw_url: str, *, timeout: float | None = None) -> RouteTable:
 
     return RouteTable(
         [
-            route("a", "region=a", hold_timeout=timeout),
+            route("a", "region=a", hold_timeout=timeout or DEFAULT_HOLD_TIMEOUT_SECONDS),
             route("b", "region=b"),
             route("ab", "region in (a,b)"),
             route("a-direct", "region=a", cache=False),
