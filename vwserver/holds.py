@@ -58,6 +58,7 @@ __all__ = [
     "as_leaving",
     "effective_holds",
     "guards",
+    "hidden_by_relabel",
     "leaving_since",
     "parse_holds",
     "plan_write",
@@ -284,6 +285,25 @@ def guards(
     if hold.leavingSince:
         return True
     return not (member.matches(holder, stored_labels) and member.matches(holder, result_labels))
+
+
+def hidden_by_relabel(
+    member: Member,
+    *,
+    stored_labels: Mapping[str, str] | None,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    finalizers: Iterable[str] | None,
+) -> bool:
+    """Whether a write through ``member`` whose result has ``labels``, ``annotations`` and
+    ``finalizers`` hides the object from ``member`` *by its relabel* (a slice that holds the
+    object would stop matching it): it would be seen with the stored labels, not with the new
+    ones. A write that hides it only by removing the slice's own last finalizer while another
+    slice is leaving the object is not refused — the slice lets go of its hold, and sees the
+    object again (ADDED) once the leaving slice has let go of it."""
+    if sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+        return False
+    return sees(member, labels=stored_labels, annotations=annotations, finalizers=finalizers)
 
 
 def _held(finalizer: str, holder: str) -> HeldFinalizer:

@@ -35,6 +35,7 @@ from vwserver.holds import (
     RELEASE_ANNOTATION,
     Member,
     effective_holds,
+    hidden_by_relabel,
     leaving_since,
     parse_holds,
     plan_write,
@@ -105,9 +106,10 @@ class Obj:
 
 def attempt(
     obj: Obj, sid: str, after: list[str], *, labels: dict[str, str] | None = None
-) -> str | None | HeldFinalizer:
+) -> str | HeldFinalizer | None:
     """A write through ``sid`` of the finalizers (and labels), as the proxy takes it: the
-    holds annotation it writes, or the 422 / 409 (as HeldFinalizer) refusing it. Nothing is
+    holds annotation it writes, or the 422 / 409 (as HeldFinalizer) refusing it — also the
+    422 for a write that would hide the object from ``sid`` by its relabel. Nothing is
     changed."""
     assert obj.sees(sid)
     if obj.leaving(sid):
@@ -121,18 +123,32 @@ def attempt(
         record = False
     else:
         record = True
+    result_labels = labels if labels is not None else obj.labels
     try:
-        return plan_write(
+        value = plan_write(
             member(sid),
             stored_labels=obj.labels,
             stored_annotations=obj.annotations,
             stored_finalizers=obj.finalizers,
-            result_labels=labels if labels is not None else obj.labels,
+            result_labels=result_labels,
             result_finalizers=after,
             record=record,
         ).annotation
     except HeldFinalizer as e:
         return e
+    annotations = {**obj.annotations}
+    annotations.pop(HOLDS_ANNOTATION, None)
+    if value is not None:
+        annotations[HOLDS_ANNOTATION] = value
+    if hidden_by_relabel(
+        member(sid),
+        stored_labels=obj.labels,
+        labels=result_labels,
+        annotations=annotations,
+        finalizers=after,
+    ):
+        return HeldFinalizer("422: the relabel would hide the object from the slice")
+    return value
 
 
 def write(obj: Obj, sid: str, after: list[str], *, labels: dict[str, str] | None = None) -> None:

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from vwserver.errors import HeldFinalizer
-from vwserver.holds import HOLDS_ANNOTATION, Member, parse_holds, plan_write, releasable
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    Member,
+    hidden_by_relabel,
+    parse_holds,
+    plan_write,
+    releasable,
+)
 from vwserver.selector import Selector
 
 # prod and B overlap (an object labelled env=prod,region=eu is in both).
@@ -245,4 +252,33 @@ def test_a_leaving_slice_may_only_release_its_own(
             annotations=annotations,
         )
         == ok
+    )
+
+
+def test_a_slice_may_drop_its_own_last_hold_while_another_is_leaving() -> None:
+    """B holds the object only as a holder (prod is leaving): B removing its own last
+    finalizer hides the object from B — allowed (B lets go; it sees the object again once prod
+    let go). A relabel through B that makes prod stop matching is refused (it would hide the
+    object by the relabel)."""
+    leaving = holds(prod=([PROD_FIN], SINCE))
+    assert not hidden_by_relabel(
+        member("ws/b"),
+        stored_labels=ONLY_B,
+        labels=ONLY_B,
+        annotations=leaving,
+        finalizers=[PROD_FIN],
+    )
+    assert hidden_by_relabel(
+        member("ws/b"),
+        stored_labels=BOTH,
+        labels=ONLY_B,
+        annotations=holds(prod=[PROD_FIN]),
+        finalizers=[PROD_FIN],
+    )
+    assert not hidden_by_relabel(
+        member("ws/b"),
+        stored_labels=BOTH,
+        labels={**BOTH, "other": "x"},
+        annotations=holds(prod=[PROD_FIN]),
+        finalizers=[PROD_FIN],
     )
