@@ -186,6 +186,15 @@ CASES = [
         expect={"ws/b": [B_FIN]},
     ),
     Case(
+        "reverse: prod 'adding' B's name while B is leaving records nothing (B's stays B's)",
+        writer="ws/prod",
+        stored_labels=ONLY_PROD,
+        annotations=holds(b=([B_FIN], SINCE), prod=[PROD_FIN]),
+        before=[PROD_FIN, B_FIN],
+        after=[PROD_FIN, B_FIN],
+        expect={"ws/b": [B_FIN], "ws/prod": [PROD_FIN]},
+    ),
+    Case(
         "a slice this server does not know matches nothing: its hold is guarded",
         writer="ws/b",
         stored_labels=BOTH,

@@ -265,6 +265,7 @@ def test_holds_released_condition_counts_stuck_holds() -> None:
     assert conditions(out.status)["HoldsReleased"] == ("False", "StuckHolds")
     message = next(c["message"] for c in out.status["conditions"] if c["type"] == "HoldsReleased")
     assert "2 object(s)" in message and "2026-12-01T10:00:00Z" in message
+    assert "3600 s after its move" in message  # the default bound
     fine = desired(
         slice_obj(), lookup=found(VW), external_url="https://vw", now="T1", stuck_holds={}.get
     )

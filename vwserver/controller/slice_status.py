@@ -181,8 +181,8 @@ def desired(
                 "StuckHolds",
                 f"{stuck.count} object(s) have been leaving this slice since {stuck.oldest} or "
                 "longer without the slice's finalizers being released; release them through the "
-                "slice, end them with the sync.edge-connect.eu/release annotation, or set "
-                "holdTimeoutSeconds",
+                "slice or end them with the sync.edge-connect.eu/release annotation, else each "
+                f"hold ends {_hold_timeout(obj):.0f} s after its move (holdTimeoutSeconds)",
             )
     if upstream_watches is not None:
         health = upstream_watches(upstreams)
