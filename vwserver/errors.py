@@ -26,7 +26,8 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   │                           cache's window (the apiserver's "too old resource version")
     │   ├── RequestEntityTooLarge 413  a request body over the limit
     │   ├── Invalid            422  a write would put the object outside the slice
-    │   │   └── HeldFinalizer       a write would remove a finalizer another slice holds, or
+    │   │   └── HeldFinalizer       a write would remove a finalizer of a slice the object is
+    │   │                           leaving (held for that slice's release), or
     │   │                           write an annotation only vwserver writes (vwserver.holds)
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
     │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
@@ -159,7 +160,8 @@ class Invalid(RequestError):
 
 
 class HeldFinalizer(Invalid):
-    """A write through one slice would remove a finalizer another slice added (and holds)."""
+    """A write through one slice would remove a finalizer another slice added and holds while
+    the object is leaving that slice (:func:`vwserver.holds.guards`)."""
 
 
 class BadGateway(RequestError):

@@ -20,9 +20,17 @@ to look like that to A, and B is held back until A has let go:
   deleted — ``metadata.deletionTimestamp`` is the time vwserver first observed the move,
   recorded in the entry's ``leavingSince`` so that every replica shows the same time, and
   ``deletionGracePeriodSeconds`` is 0 (:func:`as_leaving`).
-* **Guards** (:func:`plan_write`): a finalizer a slice added can be removed only through that
-  slice (or by the operator's escape hatch, :data:`RELEASE_ANNOTATION`), and no client can write
-  either annotation through a slice.
+* **Guards** (:func:`plan_write`, :func:`guards`): while the object is leaving a slice, the
+  finalizers added through that slice can be removed only through that slice (:func:`releasable`
+  is the one write it may still make) or by the hold's end (the operator's escape hatch,
+  :data:`RELEASE_ANNOTATION`, or the slice's hold timeout). While the holder still sees the
+  object as a member, any slice that sees the object may remove any finalizer on it, as in
+  Kubernetes, and the holder's entry loses it in the same write: otherwise a user of an
+  overlapping slice could record the finalizer name another slice's controller uses (a name
+  is recorded for whoever adds it first) and keep that controller from ever finishing a
+  deletion. A name already on the object is not recorded for a slice that "adds" it again,
+  and a finalizer added before any hold was recorded is nobody's. No client can write either
+  annotation through a slice.
 
 Everything here is pure: it reads labels, annotations and finalizers and returns decisions.
 The proxy (writes, reads) and the cache's views ask these functions and nothing else.
@@ -49,6 +57,8 @@ __all__ = [
     "annotation_pointer",
     "as_leaving",
     "effective_holds",
+    "guards",
+    "hidden_by_relabel",
     "leaving_since",
     "parse_holds",
     "plan_write",
@@ -212,25 +222,32 @@ class WritePlan:
 def plan_write(
     member: Member,
     *,
+    stored_labels: Mapping[str, str] | None,
     stored_annotations: Mapping[str, str] | None,
     stored_finalizers: Sequence[str] | None,
+    result_labels: Mapping[str, str] | None,
     result_finalizers: Sequence[str] | None,
     record: bool,
 ) -> WritePlan:
-    """The holds after a write through ``member`` that changes the object's finalizers from
-    ``stored_finalizers`` to ``result_finalizers`` (a create: no stored object).
+    """The holds after a write through ``member`` that changes the object from
+    (``stored_labels``, ``stored_finalizers``) to (``result_labels``, ``result_finalizers``)
+    (a create: no stored object).
 
-    Finalizers the write adds are recorded for ``member`` when ``record`` (the slice's views
-    can show a leaving object); finalizers another slice holds must stay
-    (:class:`~vwserver.errors.HeldFinalizer`); entries are reduced to the finalizers still on
-    the object.
+    Finalizers the write adds — names not on the stored object — are recorded for ``member``
+    when ``record`` (the slice's views can show a leaving object); a name already there is
+    not the writer's. A finalizer another slice holds may be removed unless that slice is
+    leaving the object (:func:`guards`; else :class:`~vwserver.errors.HeldFinalizer`).
+    Entries are reduced to the finalizers still on the object, so a finalizer removed through
+    any slice leaves its holder's entry in the same write (the entry with its last one).
     """
     recorded = parse_holds((stored_annotations or {}).get(HOLDS_ANNOTATION))
     before = list(stored_finalizers or ())
     after = list(result_finalizers or ())
     after_set = set(after)
     for sid, hold in recorded.items():
-        if sid == member.id:
+        if sid == member.id or not guards(
+            member, sid, hold, stored_labels=stored_labels, result_labels=result_labels
+        ):
             continue
         for f in hold.finalizers:
             if f in before and f not in after_set:
@@ -249,10 +266,50 @@ def plan_write(
     return WritePlan(annotation=value, changed=value != render_holds(recorded))
 
 
+def guards(
+    member: Member,
+    holder: str,
+    hold: Hold,
+    *,
+    stored_labels: Mapping[str, str] | None,
+    result_labels: Mapping[str, str] | None,
+) -> bool:
+    """Whether slice ``holder``'s finalizers are kept from a write through another slice:
+    while ``holder`` is *leaving* the object — its move is recorded (``leavingSince``), or its
+    selector matches the object's labels no longer, or would not after the write (an unknown
+    slice matches nothing). While the holder still sees the object as a member, a finalizer
+    on it is like any other in Kubernetes: whoever may write the object may remove it. So a
+    name another slice recorded first (by chance, or squatting on the name a controller uses)
+    never keeps a controller from finishing its own finalizer; what a hold protects is the one
+    thing only vwserver can break — a controller's last look at an object leaving its slice."""
+    if hold.leavingSince:
+        return True
+    return not (member.matches(holder, stored_labels) and member.matches(holder, result_labels))
+
+
+def hidden_by_relabel(
+    member: Member,
+    *,
+    stored_labels: Mapping[str, str] | None,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    finalizers: Iterable[str] | None,
+) -> bool:
+    """Whether a write through ``member`` whose result has ``labels``, ``annotations`` and
+    ``finalizers`` hides the object from ``member`` *by its relabel* (a slice that holds the
+    object would stop matching it): it would be seen with the stored labels, not with the new
+    ones. A write that hides it only by removing the slice's own last finalizer while another
+    slice is leaving the object is not refused — the slice lets go of its hold, and sees the
+    object again (ADDED) once the leaving slice has let go of it."""
+    if sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+        return False
+    return sees(member, labels=stored_labels, annotations=annotations, finalizers=finalizers)
+
+
 def _held(finalizer: str, holder: str) -> HeldFinalizer:
     message = (
-        f"finalizer {finalizer!r} was added through slice {holder} and can be removed only "
-        "through that slice"
+        f"finalizer {finalizer!r} was added through slice {holder}, which the object is "
+        "leaving: until that slice lets go, it can be removed only through that slice"
     )
     return HeldFinalizer(
         f"metadata.finalizers: {message}",
@@ -276,7 +333,10 @@ def releasable(
     annotations: Mapping[str, str] | None,
 ) -> bool:
     """Whether going from ``stored_finalizers`` to ``result_finalizers`` only removes
-    finalizers ``member`` holds (the one write a slice may make on an object leaving it)."""
+    finalizers ``member`` holds (the one write a slice may make on an object leaving it).
+    Another slice's finalizers stay whatever that slice's state: a leaving slice lets go of
+    its own hold and touches nothing else, so a release can never take a finalizer from a
+    slice that still sees the object as a member, nor from one leaving it too."""
     before = list(stored_finalizers or ())
     after = list(result_finalizers or ())
     if any(f not in before for f in after):

@@ -18,8 +18,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from vwserver.selector import Selector
+
+DEFAULT_HOLD_TIMEOUT_SECONDS: Final = 3600.0
+"""How long a slice may hold an object that is leaving it when the slice does not say
+(``holdTimeoutSeconds``): every hold is bounded, because a leaving slice keeps reading the
+object's *current* content — which a consumer who moved it may already be filling for the
+destination. An hour is far beyond a controller's cleanup (and a restart or rollout of it),
+and leaves the operator 55 minutes between the slice's ``HoldsReleased`` condition reporting
+the hold stuck (after 5 minutes) and the hold ending. There is deliberately no unbounded hold:
+a slice that needs longer states a longer timeout, up to :data:`MAX_HOLD_TIMEOUT_SECONDS`."""
+MAX_HOLD_TIMEOUT_SECONDS: Final = 7 * 24 * 3600.0
+"""The longest hold a slice may ask for (a week): beyond it a bound would be one in name only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +50,9 @@ class Route:
     """LIST and WATCH may be served from the shared watch cache (if the server runs one)."""
     shards: Mapping[str, str] = field(default_factory=dict)
     """Upstream URL per shard id, when the export has several shard endpoints."""
-    hold_timeout: float | None = None
+    hold_timeout: float = DEFAULT_HOLD_TIMEOUT_SECONDS
     """Seconds the slice may hold an object that is leaving it before vwserver removes the
-    slice's finalizers (None: until the slice releases them or the operator ends the hold)."""
+    slice's finalizers (unless the slice released them or the operator ended the hold)."""
     retired: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)
     """Set when this route is removed or replaced; open watches on it end."""
 

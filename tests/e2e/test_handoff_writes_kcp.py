@@ -6,6 +6,7 @@ field ownership), what the proxy refuses, and the release of an object leaving a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import pytest_asyncio
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
 from tests.support.slices import slice_url, slices_over_kcp
+from vwserver.errors import ApiNotFound
 from vwserver.holds import HOLDS_ANNOTATION, RELEASE_ANNOTATION
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
@@ -25,6 +27,7 @@ from vwserver.selector import Selector
 
 WAIT = 30.0
 FIN_A = "a.example.io/cleanup"
+FIN_AB = "ab.example.io/cleanup"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY = "application/apply-patch+yaml"
@@ -71,7 +74,8 @@ class Bed:
             return
         if obj["metadata"].get("finalizers"):
             await self.direct_patch(name, {"metadata": {"finalizers": None}})
-        await self.kcp.delete(self.direct(name))
+        with contextlib.suppress(ApiNotFound):  # gone with its last finalizer if deleting
+            await self.kcp.delete(self.direct(name))
 
 
 def holds_of(obj: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +128,7 @@ def unique(prefix: str) -> str:
 
 
 SID_A = "{cluster}/hw-a"
+SID_AB = "{cluster}/hw-ab"
 
 
 async def test_apply_records_and_keeps_holds(bed: Bed) -> None:
@@ -176,14 +181,7 @@ async def test_guards_and_the_release_of_a_leaving_object(bed: Bed) -> None:
         )
         assert code == 200, patched
         assert holds_of(await bed.stored(name)) == {sid: {"finalizers": [FIN_A]}}
-        # Another slice cannot remove it, nor can anyone write the proxy's annotations.
-        code, status = await bed.call(
-            "PATCH",
-            bed.via("hw-ab", name),
-            {"metadata": {"finalizers": None}},
-            content_type=MERGE,
-        )
-        assert code == 422 and status["reason"] == "Invalid", status
+        # No one can write the proxy's annotations through a slice.
         code, status = await bed.call(
             "PATCH",
             bed.via("hw-ab", name),
@@ -221,6 +219,114 @@ async def test_guards_and_the_release_of_a_leaving_object(bed: Bed) -> None:
         assert not stored["metadata"].get("deletionTimestamp")
         code, arrived = await bed.call("GET", bed.via("hw-b", name))
         assert code == 200 and not arrived["metadata"].get("deletionTimestamp")
+    finally:
+        await bed.purge(name)
+
+
+async def _add_finalizer(bed: Bed, slice_name: str, name: str, finalizer: str) -> None:
+    """A controller's (or a squatter's) merge patch adding ``finalizer`` through a slice."""
+    code, obj = await bed.call("GET", bed.via(slice_name, name))
+    assert code == 200, obj
+    finalizers = [*obj["metadata"].get("finalizers", []), finalizer]
+    code, body = await bed.call(
+        "PATCH",
+        bed.via(slice_name, name),
+        {"metadata": {"finalizers": finalizers}},
+        content_type=MERGE,
+    )
+    assert code == 200, body
+
+
+async def _finish(bed: Bed, slice_name: str, name: str, finalizer: str) -> tuple[int, Any]:
+    """A controller finishing ``finalizer`` the way client-go reconcilers do: GET, drop it
+    from the list, PUT the object back."""
+    code, obj = await bed.call("GET", bed.via(slice_name, name))
+    assert code == 200, obj
+    obj["metadata"]["finalizers"] = [f for f in obj["metadata"]["finalizers"] if f != finalizer]
+    return await bed.call("PUT", bed.via(slice_name, name), obj)
+
+
+async def test_a_squatted_finalizer_is_finished_by_its_controller(bed: Bed) -> None:
+    """Issue 22, finding 5: a user of the overlapping slice hw-ab adds the finalizer name
+    hw-a's controller uses — before hw-a's controller does (it then finds it present), and
+    again after (removed and re-added through hw-ab, so hw-ab's record is the only one). The
+    object is deleted; hw-a's controller finishes its finalizer through hw-a, and the object
+    goes away."""
+    cluster = bed.world.provider.cluster
+    first, later = unique("squat-first"), unique("squat-later")
+    try:
+        for name in (first, later):
+            code, created = await bed.call("POST", bed.via("hw-a"), widget(name, "ha"))
+            assert code == 201, created
+            if name == first:
+                await _add_finalizer(bed, "hw-ab", name, FIN_A)  # before hw-a's controller
+            else:
+                await _add_finalizer(bed, "hw-a", name, FIN_A)  # hw-a's controller first ...
+                code, status = await _finish(bed, "hw-ab", name, FIN_A)  # ... hw-ab takes over
+                assert code == 200, status
+                await _add_finalizer(bed, "hw-ab", name, FIN_A)
+            assert holds_of(await bed.stored(name)) == {
+                SID_AB.format(cluster=cluster): {"finalizers": [FIN_A]}
+            }
+            # hw-a's controller "adds" its finalizer again: already there, nothing recorded.
+            code, obj = await bed.call("GET", bed.via("hw-a", name))
+            assert code == 200 and obj["metadata"]["finalizers"] == [FIN_A], obj
+            code, obj = await bed.call("PUT", bed.via("hw-a", name), obj)
+            assert code == 200, obj
+            assert holds_of(await bed.stored(name)) == {
+                SID_AB.format(cluster=cluster): {"finalizers": [FIN_A]}
+            }
+            code, deleting = await bed.call("DELETE", bed.via("hw-a", name))
+            assert code in (200, 202), deleting
+            assert deleting["metadata"].get("deletionTimestamp"), deleting
+            # kcp's own deletion: hw-a's controller finishes its finalizer.
+            code, finished = await _finish(bed, "hw-a", name, FIN_A)
+            assert code == 200, finished
+
+            async def gone(name: str = name) -> bool:
+                return await bed.kcp.get(bed.direct(name)) is None
+
+            await _eventually(gone)
+    finally:
+        for name in (first, later):
+            await bed.purge(name)
+
+
+async def test_a_leaving_slices_finalizer_is_kept_from_the_others(bed: Bed) -> None:
+    """The rule in reverse: while the object is leaving hw-a, hw-ab (which holds a finalizer
+    of its own, so it still sees the object) cannot take hw-a's finalizer — 422 naming hw-a —
+    but finishes its own; hw-a's release still works."""
+    name = unique("guard")
+    sid_a = SID_A.format(cluster=bed.world.provider.cluster)
+    try:
+        code, created = await bed.call("POST", bed.via("hw-a"), widget(name, "ha"))
+        assert code == 201, created
+        await _add_finalizer(bed, "hw-a", name, FIN_A)
+        await _add_finalizer(bed, "hw-ab", name, FIN_AB)
+        await bed.direct_patch(name, {"metadata": {"labels": {"region": "hb"}}})
+
+        async def recorded() -> bool:
+            return bool(holds_of(await bed.stored(name)).get(sid_a, {}).get("leavingSince"))
+
+        await _eventually(recorded)
+        code, status = await _finish(bed, "hw-ab", name, FIN_A)
+        assert code == 422 and status["reason"] == "Invalid", status
+        assert "hw-a" in status["message"] and "leaving" in status["message"], status
+        code, status = await bed.call(
+            "PATCH",
+            bed.via("hw-ab", name),
+            {"metadata": {"finalizers": None}},
+            content_type=MERGE,
+        )
+        assert code == 422, status
+        code, finished = await _finish(bed, "hw-ab", name, FIN_AB)
+        assert code == 200, finished
+        assert (await bed.stored(name))["metadata"]["finalizers"] == [FIN_A]
+        code, released = await _finish(bed, "hw-a", name, FIN_A)
+        assert code == 200, released
+        stored = await bed.stored(name)
+        assert not stored["metadata"].get("finalizers")
+        assert HOLDS_ANNOTATION not in (stored["metadata"].get("annotations") or {})
     finally:
         await bed.purge(name)
 

@@ -25,7 +25,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 
@@ -114,7 +114,7 @@ def routes(vw_url: str, *, timeout: float | None = None) -> RouteTable:
 
     return RouteTable(
         [
-            route("a", "region=a", hold_timeout=timeout),
+            route("a", "region=a", hold_timeout=timeout or DEFAULT_HOLD_TIMEOUT_SECONDS),
             route("b", "region=b"),
             route("ab", "region in (a,b)"),
             route("a-direct", "region=a", cache=False),
@@ -229,7 +229,12 @@ async def test_a_slice_served_without_the_cache_records_no_holds(world: World) -
     assert holds_of(world.stored("plain")) == {}
 
 
-async def test_another_slices_finalizer_cannot_be_removed(world: World) -> None:
+async def test_another_slices_finalizer_can_be_finished_while_that_slice_sees_the_object(
+    world: World,
+) -> None:
+    """While a still sees the object as a member, any slice that sees it may remove a's
+    finalizer (as in Kubernetes), and a's entry goes in the same write: a name recorded by
+    squatting never keeps a controller from finishing its own finalizer."""
     await held_by_a(world, "w1")
     stored = world.stored("w1")
     code, status = await world.call(
@@ -238,12 +243,50 @@ async def test_another_slices_finalizer_cannot_be_removed(world: World) -> None:
         {"metadata": {"finalizers": [], "resourceVersion": stored["metadata"]["resourceVersion"]}},
         content_type=MERGE,
     )
+    assert code == 200, status
+    assert not world.stored("w1")["metadata"].get("finalizers")
+    assert holds_of(world.stored("w1")) == {}
+
+
+async def test_a_leaving_slices_finalizer_cannot_be_removed_through_another(world: World) -> None:
+    await held_by_a(world, "w1")
+    # ab holds a finalizer too, so it still sees the object once it leaves a.
+    code, _ = await world.call(
+        "PATCH",
+        world.url("ab", "w1"),
+        {"metadata": {"finalizers": [FIN_A, "ab.example.io/cleanup"]}},
+        content_type=MERGE,
+    )
+    assert code == 200
+    world.relabel("w1", region="b")
+
+    async def recorded() -> bool:
+        return bool(holds_of(world.stored("w1"))[f"{SLICE_CLUSTER}/a"].get("leavingSince"))
+
+    await eventually("the move is recorded", recorded)
+    stored = world.stored("w1")
+    code, status = await world.call(
+        "PATCH",
+        world.url("ab", "w1"),
+        {
+            "metadata": {
+                "finalizers": ["ab.example.io/cleanup"],
+                "resourceVersion": stored["metadata"]["resourceVersion"],
+            }
+        },
+        content_type=MERGE,
+    )
     assert code == 422, status
     assert status["reason"] == "Invalid" and FIN_A in status["message"]
-    assert world.stored("w1")["metadata"]["finalizers"] == [FIN_A]
-    stored["metadata"]["finalizers"] = []
+    assert world.stored("w1")["metadata"]["finalizers"] == [FIN_A, "ab.example.io/cleanup"]
+    stored["metadata"]["finalizers"] = ["ab.example.io/cleanup"]
     code, status = await world.call("PUT", world.url("ab", "w1"), stored)
     assert code == 422, status
+    # ab lets go of its own (its last) finalizer; a's is still there.
+    stored = world.stored("w1")
+    stored["metadata"]["finalizers"] = [FIN_A]
+    code, status = await world.call("PUT", world.url("ab", "w1"), stored)
+    assert code == 200, status
     assert world.stored("w1")["metadata"]["finalizers"] == [FIN_A]
 
 

@@ -14,7 +14,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.listener import ConnectionLimits
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Route, Routes, RouteTable
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 
@@ -50,7 +50,7 @@ async def slices_over_kcp(
                 name=name,
                 selector=selector,
                 upstream_url=world.vw_url,
-                hold_timeout=(hold_timeouts or {}).get(name),
+                hold_timeout=(hold_timeouts or {}).get(name, DEFAULT_HOLD_TIMEOUT_SECONDS),
                 cache=name not in uncached,
             )
             for name, selector in slices.items()

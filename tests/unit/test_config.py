@@ -13,6 +13,9 @@ import yaml
 from vwserver.cli import main
 from vwserver.config import load_config
 from vwserver.errors import ConfigError
+from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS
+from vwserver.server import static_routes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,6 +130,31 @@ def test_bad_fields_are_named(tmp_path: Path, mutate: Any, field: str, problem: 
         load_config(write(tmp_path, doc))
     assert field in str(info.value)
     assert problem.lower() in str(info.value).lower()
+
+
+@pytest.mark.parametrize("value", [0, -5, 604801, float("inf"), float("nan"), None])
+def test_holds_are_always_bounded(tmp_path: Path, value: float | None) -> None:
+    """No hold timeout means the default bound; none, zero or beyond a week is refused (there
+    is no unbounded hold)."""
+    assert load_config(write(tmp_path, good())).slices[0].hold_timeout_seconds == 3600
+    doc = good()
+    doc["slices"][0]["holdTimeoutSeconds"] = value
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, doc))
+    assert "holdTimeoutSeconds" in str(info.value)
+
+
+def test_the_hold_timeout_reaches_the_route(tmp_path: Path) -> None:
+    doc = good()
+    doc["slices"][0]["holdTimeoutSeconds"] = 600
+    config = load_config(write(tmp_path, doc))
+    assert config.slices[0].hold_timeout_seconds == 600
+    (route,) = static_routes(config, auth=ClientAuth(server="https://kcp:6443"))
+    assert route.hold_timeout == 600
+    (default,) = static_routes(
+        load_config(write(tmp_path, good())), auth=ClientAuth(server="https://kcp:6443")
+    )
+    assert default.hold_timeout == DEFAULT_HOLD_TIMEOUT_SECONDS
 
 
 def test_operations_defaults(tmp_path: Path) -> None:

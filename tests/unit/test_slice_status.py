@@ -19,6 +19,7 @@ from vwserver.controller.slice_status import (
     status_changed,
 )
 from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
 
 VW = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"
@@ -264,6 +265,7 @@ def test_holds_released_condition_counts_stuck_holds() -> None:
     assert conditions(out.status)["HoldsReleased"] == ("False", "StuckHolds")
     message = next(c["message"] for c in out.status["conditions"] if c["type"] == "HoldsReleased")
     assert "2 object(s)" in message and "2026-12-01T10:00:00Z" in message
+    assert "3600 s after its move" in message  # the default bound
     fine = desired(
         slice_obj(), lookup=found(VW), external_url="https://vw", now="T1", stuck_holds={}.get
     )
@@ -313,9 +315,14 @@ def test_hold_timeout_comes_from_the_spec() -> None:
     obj["spec"]["holdTimeoutSeconds"] = 600
     out = desired(obj, lookup=found(VW), external_url="https://vw", now="T1")
     assert out.route.hold_timeout == 600.0
+    # Unset: the default bound (there is no unbounded hold); a value stored under an older
+    # schema, beyond the maximum, is capped.
     assert (
         desired(
             slice_obj(), lookup=found(VW), external_url="https://vw", now="T1"
         ).route.hold_timeout
-        is None
+        == DEFAULT_HOLD_TIMEOUT_SECONDS
     )
+    obj["spec"]["holdTimeoutSeconds"] = 2**62
+    out = desired(obj, lookup=found(VW), external_url="https://vw", now="T1")
+    assert out.route.hold_timeout == MAX_HOLD_TIMEOUT_SECONDS

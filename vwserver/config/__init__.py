@@ -44,6 +44,7 @@ from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.health import HEALTH_PATHS
 from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
 
 __all__ = [
@@ -144,8 +145,8 @@ class SliceConfig(_Strict):
     # false: every request goes to kcp (the pass-through path).
     cache: bool = True
     # Seconds the slice may hold an object that is leaving it (a finalizer added through the
-    # slice is still on it) before vwserver removes the slice's finalizers; None: no limit.
-    hold_timeout_seconds: float | None = None
+    # slice is still on it) before vwserver removes the slice's finalizers. Always bounded.
+    hold_timeout_seconds: float = DEFAULT_HOLD_TIMEOUT_SECONDS
 
 
 class ControllerExport(_Strict):
@@ -300,8 +301,12 @@ def _validate(config: Config, *, base_dir: Path) -> None:
             raise ConfigError(f"{field}.name", f"{s.name!r} is not a valid object name")
         if (s.cluster, s.name) in seen:
             raise ConfigError(field, f"duplicate slice {s.cluster}/{s.name}")
-        if s.hold_timeout_seconds is not None and s.hold_timeout_seconds <= 0:
-            raise ConfigError(f"{field}.holdTimeoutSeconds", "must be positive")
+        if not 0 < s.hold_timeout_seconds <= MAX_HOLD_TIMEOUT_SECONDS:  # NaN too
+            raise ConfigError(
+                f"{field}.holdTimeoutSeconds",
+                f"must be positive and at most {MAX_HOLD_TIMEOUT_SECONDS:.0f} (there is no "
+                "unbounded hold)",
+            )
         seen.add((s.cluster, s.name))
         if s.export is None and s.upstream_url is None:
             raise ConfigError(field, "set export {cluster, name} or upstreamURL")

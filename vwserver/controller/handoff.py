@@ -7,9 +7,11 @@ things do, and this loop makes them from what the shared watch cache holds:
   as being deleted since the time vwserver first saw it leave. That time is written into the
   slice's entry of the holds annotation (``leavingSince``), so that every replica and every
   restart shows the same deletionTimestamp; it is cleared when the object matches again.
-* **Hold timeouts.** A slice may bound how long it holds a leaving object
-  (``holdTimeoutSeconds``); past it, the slice's finalizers are removed from the object and its
-  entry with them.
+* **Hold timeouts.** Every hold of a leaving object is bounded: by the slice's
+  ``holdTimeoutSeconds``, or by :data:`~vwserver.routes.DEFAULT_HOLD_TIMEOUT_SECONDS` (an hour)
+  when it sets none; past it, the slice's finalizers are removed from the object and its entry
+  with them. Holds of a slice this server does not know never time out here (another server
+  may serve it).
 * **The operator's escape hatch.** ``sync.edge-connect.eu/release: <slice cluster>/<slice
   name>`` (or ``*``) set directly on the object in kcp ends those holds the same way.
 
@@ -119,7 +121,8 @@ def decide(
             else:
                 timeout = timeout_of(sid)
                 began = _parse_time(since)
-                if timeout and began is not None and began + timedelta(seconds=timeout) <= now:
+                # Compared as seconds elapsed: no datetime arithmetic to overflow.
+                if timeout and began is not None and (now - began).total_seconds() >= timeout:
                     ended.append((sid, kept, "timeout"))
                     continue
         holds[sid] = Hold(finalizers=kept, leavingSince=since)

@@ -29,7 +29,7 @@ from vwserver.controller.handoff import StuckHolds
 from vwserver.errors import SelectorError
 from vwserver.holds import slice_id
 from vwserver.k8s import kcp
-from vwserver.routes import Route
+from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS, Route
 from vwserver.selector import Selector
 
 NOT_PERMITTED = "NotPermitted"
@@ -181,8 +181,8 @@ def desired(
                 "StuckHolds",
                 f"{stuck.count} object(s) have been leaving this slice since {stuck.oldest} or "
                 "longer without the slice's finalizers being released; release them through the "
-                "slice, end them with the sync.edge-connect.eu/release annotation, or set "
-                "holdTimeoutSeconds",
+                "slice or end them with the sync.edge-connect.eu/release annotation, else each "
+                f"hold ends {_hold_timeout(obj):.0f} s after its move (holdTimeoutSeconds)",
             )
     if upstream_watches is not None:
         health = upstream_watches(upstreams)
@@ -223,10 +223,13 @@ def desired(
     return Outcome(status=status, route=route)
 
 
-def _hold_timeout(obj: Mapping[str, Any]) -> float | None:
-    """``spec.holdTimeoutSeconds`` (kcp validated it: an integer of at least 1), if set."""
+def _hold_timeout(obj: Mapping[str, Any]) -> float:
+    """``spec.holdTimeoutSeconds`` (kcp validated it: an integer from 1 to the maximum; one
+    stored under an older schema is capped), or the default bound when it is not set."""
     value = (obj.get("spec") or {}).get("holdTimeoutSeconds")
-    return float(value) if isinstance(value, int) and value > 0 else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(float(value), MAX_HOLD_TIMEOUT_SECONDS)
+    return DEFAULT_HOLD_TIMEOUT_SECONDS
 
 
 def _export_refusal(

@@ -4,7 +4,9 @@ Every write through a slice keeps the holds annotation true in the *same* reques
 the finalizers, so that kcp alone records which slice holds what:
 
 * a finalizer the write adds is recorded for the slice (where the slice records holds);
-* a finalizer another slice holds cannot be removed (422, naming the finalizer and the slice);
+* a finalizer another slice holds can be removed while that slice still sees the object as a
+  member (its entry loses the finalizer in the same write), never while the object is leaving
+  that slice (422, naming the finalizer and the slice; :func:`vwserver.holds.guards`);
 * no client writes the holds or the release annotation through a slice: a PUT gets the
   proxy's value put back; a patch whose result would change either is refused (422);
 * the annotation goes in as part of the write itself — a member of a merge, strategic or
@@ -91,6 +93,11 @@ def _finalizers(meta: dict[str, Any]) -> list[str]:
     return [f for f in value if isinstance(f, str)] if isinstance(value, list) else []
 
 
+def _labels(meta: dict[str, Any]) -> dict[str, str] | None:
+    value = meta.get("labels")
+    return value if isinstance(value, dict) else None
+
+
 def _set_annotation(meta: dict[str, Any], key: str, value: str | None) -> None:
     annotations = meta.get("annotations")
     if not isinstance(annotations, dict):
@@ -117,8 +124,10 @@ def prepare_create(ctx: ProxyRequest, body: dict[str, Any]) -> None:
         raise _annotations_written(ctx)
     plan = plan_write(
         ctx.member,
+        stored_labels=None,
         stored_annotations=None,
         stored_finalizers=None,
+        result_labels=_labels(meta),
         result_finalizers=_finalizers(meta),
         record=ctx.records_holds,
     )
@@ -134,8 +143,10 @@ def prepare_update(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> d
     stored_meta = stored.metadata
     plan = plan_write(
         ctx.member,
+        stored_labels=stored_meta.labels,
         stored_annotations=stored_meta.annotations,
         stored_finalizers=stored_meta.finalizers,
+        result_labels=_labels(meta),
         result_finalizers=_finalizers(meta),
         record=ctx.records_holds,
     )
@@ -163,8 +174,10 @@ def plan_patch(ctx: ProxyRequest, stored: Stored | None, result: bytes) -> Write
             raise _annotations_written(ctx)
     return plan_write(
         ctx.member,
+        stored_labels=before.labels if before is not None else None,
         stored_annotations=stored_annotations,
         stored_finalizers=before.finalizers if before is not None else None,
+        result_labels=after.labels,
         result_finalizers=after.finalizers,
         record=ctx.records_holds,
     )
@@ -267,8 +280,10 @@ def release_patch(ctx: ProxyRequest, stored: Stored, result: bytes) -> list[dict
         raise leaving_refusal(ctx, stored)
     plan = plan_write(
         ctx.member,
+        stored_labels=stored_meta.labels,
         stored_annotations=stored_meta.annotations,
         stored_finalizers=stored_meta.finalizers,
+        result_labels=stored_meta.labels,  # a release changes nothing but the finalizers
         result_finalizers=result_finalizers,
         record=False,
     )

@@ -49,7 +49,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
-from vwserver.holds import sees
+from vwserver.holds import hidden_by_relabel
 from vwserver.proxy import dependents, holding
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
@@ -131,7 +131,7 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
         if ctx.api.subresource:
             return _encoder.encode(_with_resource_version(body, stored, ctx))
         send = holding.prepare_update(ctx, body, stored)
-        _check_seen_after(ctx, send)
+        _check_seen_after(ctx, send, stored)
         return _encoder.encode(_with_resource_version(send, stored, ctx))
 
     async def leaving(stored: Stored, since: str) -> web.StreamResponse:
@@ -227,7 +227,7 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
                 break  # the object changed since it was checked: check again
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
-            _check_result(body, ctx)
+            _check_result(body, ctx, stored)
             if not ctx.api.subresource:
                 plan = holding.plan_patch(ctx, stored, body)  # stored None: an apply creates
                 data = _encoder.encode(
@@ -564,7 +564,7 @@ async def _stored(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
     return Stored(head=head, body=body)
 
 
-def _check_result(body: bytes, ctx: ProxyRequest) -> None:
+def _check_result(body: bytes, ctx: ProxyRequest, stored: Stored | None) -> None:
     try:
         meta = decode_head(body).metadata
     except UndecodableError as e:
@@ -572,19 +572,30 @@ def _check_result(body: bytes, ctx: ProxyRequest) -> None:
         # 422 when it validates the object; say so rather than fail.
         raise Invalid(f"metadata.labels: the patched object's labels must be strings ({e})") from e
     _check_stays(meta.labels, ctx)
-    if not ctx.sees(meta):
+    if stored is None:  # an apply that creates: no other slice holds the object yet
+        if not ctx.sees(meta):
+            raise _hidden_by_hold(ctx)
+    elif hidden_by_relabel(
+        ctx.member,
+        stored_labels=stored.metadata.labels,
+        labels=meta.labels,
+        annotations=meta.annotations,
+        finalizers=meta.finalizers,
+    ):
         raise _hidden_by_hold(ctx)
 
 
-def _check_seen_after(ctx: ProxyRequest, body: dict[str, Any]) -> None:
+def _check_seen_after(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> None:
     """An update's object must stay visible to the slice: its labels (checked before) and the
-    holds of other slices, which a relabel can make leave the object."""
+    holds of other slices, which a relabel can make leave the object (removing the slice's own
+    last finalizer may hide it: :func:`vwserver.holds.hidden_by_relabel`)."""
     meta = body.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     annotations = meta.get("annotations")
     finalizers = meta.get("finalizers")
-    if not sees(
+    if hidden_by_relabel(
         ctx.member,
+        stored_labels=stored.metadata.labels,
         labels=meta.get("labels"),
         annotations=annotations if isinstance(annotations, dict) else None,
         finalizers=finalizers if isinstance(finalizers, list) else None,

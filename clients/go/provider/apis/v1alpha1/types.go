@@ -34,7 +34,8 @@ type FilteredAPIExportEndpointSliceSpec struct {
 	ObjectSelector *metav1.LabelSelector `json:"objectSelector,omitempty"`
 	// HoldTimeoutSeconds bounds how long the slice may hold an object that is leaving it (a
 	// finalizer added through the slice is still on it while its labels no longer match)
-	// before vwserver removes the slice's finalizers. Unset: no limit.
+	// before vwserver removes the slice's finalizers. Unset: 3600 (one hour); every hold is
+	// bounded, at most 604800 (a week).
 	HoldTimeoutSeconds *int64 `json:"holdTimeoutSeconds,omitempty"`
 }
 

@@ -1,0 +1,118 @@
+"""Every hold is bounded (issue 22, finding 11): a slice that sets no ``holdTimeoutSeconds``
+holds a leaving object for :data:`~vwserver.routes.DEFAULT_HOLD_TIMEOUT_SECONDS`, then the
+handoff loop ends the hold — on a fake clock, through the loop's own route lookup and scan."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+from tests.support.clock import FakeClock
+from vwserver.cache.entries import entry
+from vwserver.controller.handoff import Handoff, decide
+from vwserver.holds import HOLDS_ANNOTATION
+from vwserver.routes import (
+    DEFAULT_HOLD_TIMEOUT_SECONDS,
+    MAX_HOLD_TIMEOUT_SECONDS,
+    Route,
+    Routes,
+    RouteTable,
+)
+from vwserver.selector import Selector
+
+FIN = "a.example.io/cleanup"
+
+
+class Recorder:
+    """The loop's kcp client: records the patches it is asked to make."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, Any]] = []
+
+    async def request(self, method: str, path: str, *, body: Any, content_type: str) -> Any:
+        assert method == "PATCH"
+        self.patches.append((path, body))
+        return {}
+
+
+def leaving_object(since: str) -> bytes:
+    holds = {"ws/a": {"finalizers": [FIN], "leavingSince": since}}
+    return json.dumps(
+        {
+            "metadata": {
+                "name": "w",
+                "namespace": "ns",
+                "resourceVersion": "5",
+                "labels": {"region": "b"},
+                "annotations": {"kcp.io/cluster": "c1", HOLDS_ANNOTATION: json.dumps(holds)},
+                "finalizers": [FIN],
+            }
+        }
+    ).encode()
+
+
+def loop(clock: FakeClock, raw: bytes, *, route: Route) -> tuple[Handoff, Any, Recorder]:
+    client = Recorder()
+    registry = SimpleNamespace(client=client)
+    store = SimpleNamespace(snapshot=lambda: [entry(raw)])
+    resource = SimpleNamespace(
+        store=store,
+        url="https://vw/x",
+        api_path="/apis/example.io/v1alpha1/widgets",
+        upstream="https://vw/x",
+    )
+    handoff = Handoff(registry=cast(Any, registry), routes=Routes(RouteTable([route])), clock=clock)
+    return handoff, resource, client
+
+
+def route_a(**kw: Any) -> Route:
+    return Route(
+        cluster="ws", name="a", selector=Selector.parse("region=a"), upstream_url="u", **kw
+    )
+
+
+async def test_a_slice_without_a_timeout_holds_for_the_default_bound() -> None:
+    clock = FakeClock()
+    since = clock.now().isoformat().replace("+00:00", "Z")
+    assert route_a().hold_timeout == DEFAULT_HOLD_TIMEOUT_SECONDS == 3600
+    clock.advance(DEFAULT_HOLD_TIMEOUT_SECONDS - 1)
+    handoff, resource, client = loop(clock, leaving_object(since), route=route_a())
+    await handoff.scan(resource)
+    assert client.patches == []  # not yet: a second before the bound
+    clock.advance(1)
+    await handoff.scan(resource)
+    ((path, ops),) = client.patches
+    assert path.endswith("/clusters/c1/apis/example.io/v1alpha1/namespaces/ns/widgets/w")
+    assert {"op": "replace", "path": "/metadata/finalizers", "value": []} in ops
+
+
+async def test_a_slices_own_timeout_replaces_the_default() -> None:
+    clock = FakeClock()
+    since = clock.now().isoformat().replace("+00:00", "Z")
+    clock.advance(61)
+    handoff, resource, client = loop(clock, leaving_object(since), route=route_a(hold_timeout=60.0))
+    await handoff.scan(resource)
+    assert len(client.patches) == 1
+
+
+def test_the_largest_timeout_is_decided_without_overflow() -> None:
+    """A week (the maximum), or any value a stored object carries, never overflows the time
+    arithmetic of the decision (a crash there would stop every slice's handoff)."""
+    clock = FakeClock()
+    since = clock.now().isoformat().replace("+00:00", "Z")
+    annotations = {
+        HOLDS_ANNOTATION: json.dumps({"ws/a": {"finalizers": [FIN], "leavingSince": since}})
+    }
+    selector = Selector.parse("region=a")
+    for timeout, ends in ((MAX_HOLD_TIMEOUT_SECONDS, False), (1e300, False), (1.0, True)):
+        decision = decide(
+            labels={"region": "b"},
+            annotations=annotations,
+            finalizers=[FIN],
+            selector_of=lambda sid: selector if sid == "ws/a" else None,
+            timeout_of=lambda _sid, t=timeout: t,
+            now=clock.now() + timedelta(days=1),
+        )
+        assert (decision is not None and decision.ended != []) == ends, timeout
