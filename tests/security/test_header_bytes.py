@@ -233,7 +233,7 @@ VALUES = st.binary(max_size=64).map(lambda b: b.replace(b"\r", b"").replace(b"\n
 
 def expected(name: str, value: bytes) -> set[int]:
     """The statuses the proxy may answer a request with this one extra field."""
-    if any(b < 0x20 and b != 0x09 or b == 0x7F for b in value):
+    if any((b < 0x20 and b != 0x09) or b == 0x7F for b in value):
         return {400}  # control characters: the HTTP parser refuses the request (a Status)
     invalid = any(b not in VALID_VALUE for b in value)
     if name == "Authorization":
