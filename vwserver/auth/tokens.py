@@ -164,7 +164,10 @@ class TokenReviewer:
             log.error("unusable TokenReview status from kcp: %s", e)
             raise BadGateway("cannot check credentials: unusable TokenReview answer") from e
         if not status.authenticated or not status.user.username:
-            return TokenResult(None, status.error or "not authenticated")
+            # kcp's reason goes to a debug log line: never with the token in it, should an
+            # authenticator quote what it was given.
+            reason = status.error.replace(token, "<token>") if status.error else ""
+            return TokenResult(None, reason or "not authenticated")
         user = status.user
         return TokenResult(
             Identity.create(user.username, uid=user.uid, groups=user.groups, extra=user.extra)
