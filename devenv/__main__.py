@@ -18,6 +18,7 @@ from pathlib import Path
 
 from devenv.bootstrap import DEMO_USERS_FILE, Bootstrap, bootstrap
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from vwserver.files import write_private
 
 
 def _env_lines(kcp: KcpInstance, world: Bootstrap | None) -> list[str]:
@@ -53,7 +54,7 @@ async def _run(args: argparse.Namespace) -> None:
             print(world.describe(), file=sys.stderr)
         lines = _env_lines(kcp, world)
         if args.env_file is not None:
-            args.env_file.write_text("\n".join(lines) + "\n")
+            write_private(args.env_file, "\n".join(lines) + "\n")  # tokens
         print("\n".join(lines))
         print("kcp is running; Ctrl-C stops it.", file=sys.stderr, flush=True)
         stop = asyncio.Event()

@@ -54,6 +54,7 @@ from devenv.bootstrap import (
 )
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
 from devenv.slices import KIND, bind_api, install_api, slice_manifest, wait_slice_ready
+from vwserver.files import write_private
 
 REPO = Path(__file__).resolve().parents[1]
 SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
@@ -214,11 +215,11 @@ def demo_text(
 
 def write_server_files(run_dir: Path, *, kcp: KcpInstance, api: Workspace, port: int) -> str:
     """TLS material and vwserver's config (kcp mode); returns vwserver's base URL."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca.cert_pem.write_to_path(str(run_dir / "ca.crt"))
-    cert.private_key_pem.write_to_path(str(run_dir / "tls.key"))
+    write_private(run_dir / "tls.key", cert.private_key_pem.bytes())
     cert.cert_chain_pems[0].write_to_path(str(run_dir / "tls.crt"))
     base = f"https://127.0.0.1:{port}"
     config = {
@@ -256,7 +257,8 @@ def write_kubeconfigs(run_dir: Path, endpoints: Mapping[str, str], *, token: str
             ],
             "current-context": name,
         }
-        (run_dir / f"{name}.kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+        # alice's token: readable by the demo's user only
+        write_private(run_dir / f"{name}.kubeconfig", yaml.safe_dump(kubeconfig, sort_keys=False))
 
 
 # --------------------------------------------------------------------------------------------

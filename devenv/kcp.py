@@ -51,6 +51,7 @@ import aiohttp
 import yaml
 
 from vwserver.errors import VWServerError
+from vwserver.files import write_private
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kcp" / "build.sh"
@@ -481,7 +482,7 @@ class KcpInstance:
             "clusters": [{"name": "c", "cluster": {**cluster, "server": server}}],
             "users": [{"name": "u", "user": user}],
         }
-        path.write_text(yaml.safe_dump(doc))
+        write_private(path, yaml.safe_dump(doc))  # the admin's token
 
     def ssl_context(self) -> ssl.SSLContext:
         """A verifying TLS context trusting kcp's serving CA."""

@@ -349,7 +349,7 @@ def write_syncer_files(run_dir: Path, *, kcp: KcpInstance, world: SyncWorld) -> 
     Both identities are kcp-admin: towards kcp (the slice, and the endpoints, which vwserver
     authorizes with kcp) and in the downstream workspace.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     kcp.write_admin_kubeconfig(run_dir / "kcp.kubeconfig", server=kcp.url)
     kcp.write_admin_kubeconfig(run_dir / "downstream.kubeconfig", server=world.downstream.url)
     config = {

@@ -42,6 +42,7 @@ from vwserver.errors import (
     ConfigError,
     UpstreamUnavailable,
 )
+from vwserver.files import write_private
 from vwserver.k8s import kcp
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
@@ -264,10 +265,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None) -> None:
         (stdout or sys.stdout).write(text)
         return
     try:
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)  # also when the file existed with wider permissions
-            f.write(text)
+        write_private(output, text)  # it holds the caller's credentials: 0600 from the start
     except OSError as e:
         raise ConfigError("--output", f"cannot write {output}: {e.strerror}") from e
 

@@ -10,9 +10,10 @@
   :func:`vwserver.server.upstream_notes` for why that is no reason to be unready).
 * the metrics path (default ``/metrics``): Prometheus text format of the caller's registry.
 
-``serve`` adds these routes to its proxy app (:func:`add_health_routes`, one port);
-``sync`` serves them alone (:func:`health_app`, plus its ``/debug/stuck``). All are
-unauthenticated: they show no objects and no credentials.
+``serve`` adds these routes to its proxy app (:func:`add_health_routes`) and serves them alone
+on its optional health listener (:func:`health_app`, plus ``/debug/cache`` when that listener is
+bound to loopback, :mod:`vwserver.server`); ``sync`` serves them alone (plus its
+``/debug/stuck``). All are unauthenticated: they show no objects and no credentials.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ and TLS) that adds what kube-apiserver gets from Go's ``http.Server`` and more:
   HTTP/1.1, so the default (256) is far above what one controller opens; behind a proxy or a
   load balancer that hides client addresses, raise it or set 0 (no limit).
 
+No response names the server's software: aiohttp adds ``Server: Python/3.x aiohttp/3.x`` to
+every response it writes (app answers, 404s of unknown paths, its error answers), which tells an
+attacker which stack and versions to look up; kube-apiserver sends no ``Server`` header, and
+every request's writer here drops it just before the head is serialized
+(:func:`_without_server`).
+
 Malformed requests are answered with a Kubernetes ``Status`` (400, 414 or 431; ``Connection:
 close``) and logged as one line naming the error class and the client address, never the bytes
 received: aiohttp's own message quotes the offending line, which was once the start of an
@@ -46,8 +52,10 @@ from http import HTTPStatus
 from ssl import SSLContext
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
 
 from vwserver.config.base import (
     DEFAULT_BODY_TIMEOUT,
@@ -114,13 +122,20 @@ class _Clients:
             self.metrics.connections_closed.labels(reason).inc()
 
 
+async def _without_server(headers: CIMultiDict[str]) -> None:
+    """A response head's last change before it is serialized: no ``Server`` field."""
+    headers.popall(hdrs.SERVER, None)
+
+
 class _GuardedHandler(web.RequestHandler):
     """aiohttp's HTTP/1.1 protocol with the timeouts, limits and error answers of this module.
 
     It reads four attributes of its base class that aiohttp does not document: ``_request_count``
     and ``_messages`` (how many request heads were parsed, and those waiting to be handled, with
-    their bodies), ``_close`` and ``_force_close`` (the connection is ending). The integration
-    tests fail at once if a new aiohttp renames them.
+    their bodies), ``_close`` and ``_force_close`` (the connection is ending); and it wraps
+    ``_request_factory`` (called with each request's new ``StreamWriter``) to set the writer's
+    ``_on_headers_sent`` hook, which sees the head of every response, error answers included.
+    The integration tests fail at once if a new aiohttp renames them.
     """
 
     def __init__(
@@ -136,6 +151,17 @@ class _GuardedHandler(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._receiving_body: Any = None  # the StreamReader of a body still arriving
+        make_request = self._request_factory
+        assert make_request is not None
+
+        def request_factory(
+            message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+        ) -> web.BaseRequest:
+            if isinstance(writer, StreamWriter):
+                writer._on_headers_sent = _without_server
+            return make_request(message, payload, protocol, writer, task)
+
+        self._request_factory = request_factory
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")

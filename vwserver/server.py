@@ -12,6 +12,14 @@ independent servers as they like (against fake or real upstreams) and ``serve`` 
 heads, header/body/idle timeouts, a per-client connection limit (``connections`` in the config),
 malformed requests answered with a Status and logged without their bytes.
 
+The slice listener (``listen``) serves the proxy, the health endpoints and the metrics. The
+optional health listener (``health``, plain HTTP, :func:`health_listener_app`) serves the health
+endpoints and the metrics again, for probes and scrapers that should not reach the slices, and
+``/debug/cache`` — only when it is bound to a loopback address: that page shows every shared
+resource of the watch cache with the whole export's object counts, and is for an operator on
+the machine (or ``kubectl port-forward``), never for a network. It is served nowhere else, and
+it never shows kcp's address (:func:`debug_cache_rows`).
+
 Graceful shutdown, when ``stop`` is set (SIGTERM): ``/readyz`` answers 503 at once, so
 that Kubernetes takes the pod out of its Service. New connections are still served for
 ``shutdownDelaySeconds`` (default 0; the Deployment uses a few seconds, because endpoint updates
@@ -28,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import ipaddress
 import logging
 import os
 import socket
@@ -36,6 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -51,12 +62,12 @@ from vwserver.controller.handoff import Handoff, StuckHolds
 from vwserver.controller.slice_status import WatchHealth
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.errors import ConfigError
-from vwserver.health import add_health_routes
+from vwserver.health import add_health_routes, health_app
 from vwserver.k8s import kcp
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR, ClientAuth
 from vwserver.k8s.lease import LeaderElector
-from vwserver.listener import ConnectionLimits, listening
+from vwserver.listener import ConnectionLimits, GuardedSite, listening
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.handler import ProxyHandler, record_headers_sent
 from vwserver.proxy.paths import PREFIX
@@ -70,7 +81,8 @@ MAX_REQUEST_BODY = 4 * 2**20
 # TokenReviews and SubjectAccessReviews hold up a request: fail it (503) rather than hang.
 REVIEW_TIMEOUT = 10.0
 DEBUG_CACHE_PATH = "/debug/cache"
-"""Per shared resource of the watch cache: objects, window, resourceVersion, lag, clients."""
+"""Per shared resource of the watch cache: objects, window, resourceVersion, lag, clients; on
+the health listener bound to loopback only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +99,20 @@ _UPSTREAM_KEY = web.AppKey("upstream", UpstreamClient)
 ROUTES_KEY = web.AppKey("routes", Routes)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
+
+
+@dataclass(frozen=True, slots=True)
+class _HealthEndpoints:
+    """What a proxy app's health endpoints answer from, for its health listener's app too."""
+
+    problems: Callable[[], Sequence[str]]
+    notes: Callable[[], Sequence[str]]
+    metrics: Callable[[], bytes]
+    metrics_path: str | None
+    cache: CacheRegistry | None
+
+
+_HEALTH_KEY = web.AppKey("health", _HealthEndpoints)
 
 
 def build_app(
@@ -108,7 +134,8 @@ def build_app(
     ``failing`` (and the cache's reflectors) only add lines to ``/readyz``'s ``200 ok``
     (:func:`upstream_notes`). ``guard`` authenticates and authorizes every
     slice request (required: ``NoAuth`` for tests that want none); health endpoints and
-    ``metrics_path`` (None: not served) are always open. ``metrics`` is where the proxy counts
+    ``metrics_path`` (None: not served) are always open; ``/debug/cache`` is not served here
+    (:func:`health_listener_app`). ``metrics`` is where the proxy counts
     (default: a new registry); the app keeps it and its :class:`Lifecycle` under
     :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`. ``cache``: the shared watch cache that serves
     LIST and WATCH (None: every read goes to kcp); with it runs the handoff loop ``handoff``
@@ -154,15 +181,39 @@ def build_app(
     add_health_routes(
         app, problems=problems, notes=notes, metrics=metrics.render, metrics_path=metrics_path
     )
-    if cache is not None and metrics_path is not None:
-        # Beside the metrics and as open as they are: counts and states, never an object.
-        app.router.add_get(DEBUG_CACHE_PATH, _debug_cache(cache))
+    app[_HEALTH_KEY] = _HealthEndpoints(problems, notes, metrics.render, metrics_path, cache)
     app.router.add_route("*", PREFIX + "{tail:.*}", handler.handle)
     app.on_response_prepare.append(record_headers_sent)
     app.cleanup_ctx.append(_upstream_lifecycle)
     if handoff is not None:
         app.cleanup_ctx.append(_running(handoff.run, name="handoff"))
     return app
+
+
+def health_listener_app(app: web.Application, *, debug_cache: bool) -> web.Application:
+    """The health listener's app for the proxy app ``app`` (made by :func:`build_app`): the same
+    health endpoints and metrics, and ``/debug/cache`` if ``debug_cache`` (the listener is bound
+    to a loopback address, :func:`is_loopback`) and ``app`` has a cache."""
+    health = app[_HEALTH_KEY]
+    local = health_app(
+        problems=health.problems,
+        metrics=health.metrics,
+        metrics_path=health.metrics_path,
+        notes=health.notes,
+    )
+    if debug_cache and health.cache is not None:
+        local.router.add_get(DEBUG_CACHE_PATH, _debug_cache(health.cache))
+    return local
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 def upstream_notes(failing: Sequence[str], *, cache: CacheRegistry | None) -> list[str]:
@@ -213,9 +264,27 @@ def _running(
 
 def _debug_cache(cache: CacheRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def debug_cache(request: web.Request) -> web.Response:
-        return web.json_response({"resources": cache.stats()})
+        return web.json_response({"resources": debug_cache_rows(cache.stats())})
 
     return debug_cache
+
+
+def debug_cache_rows(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``/debug/cache``'s rows: the cache's stats with kcp's address taken out. A resource is
+    named by its ``path`` in the virtual workspace and its ``shard`` (a digest of the shard's
+    origin, which tells two shards apart without naming either); the origin is cut out of
+    ``last_error`` too."""
+    rows = []
+    for row in stats:
+        url = urlsplit(str(row["url"]))
+        origin = f"{url.scheme}://{url.netloc}"
+        shown = {k: v for k, v in row.items() if k != "url"}
+        error = shown.get("last_error")
+        if isinstance(error, str):
+            shown["last_error"] = error.replace(origin, "<kcp>").replace(url.netloc, "<kcp>")
+        digest = hashlib.sha256(origin.encode()).hexdigest()[:12]
+        rows.append({"path": url.path, "shard": digest, **shown})
+    return rows
 
 
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -458,15 +527,18 @@ async def _run_site(
     # Leaving the block closes idle keep-alive connections (busy ones after their response),
     # waits up to the grace period for requests in flight, cancels what is left, then closes
     # the upstream (the app's cleanup).
-    async with listening(
-        app,
-        config.listen.host,
-        config.listen.port,
-        limits=connection_limits(config),
-        ssl_context=tls.context if tls is not None else None,
-        metrics=app[METRICS_KEY],
-        shutdown_timeout=config.shutdown_grace_period_seconds,
-    ) as site:
+    async with (
+        listening(
+            app,
+            config.listen.host,
+            config.listen.port,
+            limits=connection_limits(config),
+            ssl_context=tls.context if tls is not None else None,
+            metrics=app[METRICS_KEY],
+            shutdown_timeout=config.shutdown_grace_period_seconds,
+        ) as site,
+        _health_listener(app, config),
+    ):
         reload_task = (
             asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
             if tls is not None
@@ -490,6 +562,30 @@ async def _run_site(
             if reload_task is not None:
                 await _cancel(reload_task)
     log.info("stopped")
+
+
+@contextlib.asynccontextmanager
+async def _health_listener(
+    app: web.Application, config: Config
+) -> AsyncIterator[GuardedSite | None]:
+    """The health listener of ``config.health`` while the block runs (None: not configured)."""
+    if config.health is None:
+        yield None
+        return
+    host = config.health.host
+    debug = is_loopback(host)
+    async with listening(
+        health_listener_app(app, debug_cache=debug),
+        host,
+        config.health.port,
+        limits=connection_limits(config),
+    ) as site:
+        log.info(
+            "health and metrics%s on %s",
+            f" and {DEBUG_CACHE_PATH}" if debug else f" ({DEBUG_CACHE_PATH}: loopback only)",
+            site.name,
+        )
+        yield site
 
 
 async def _drain(lifecycle: Lifecycle, site: web.BaseSite, *, delay: float) -> None:

@@ -148,10 +148,12 @@ class ServingTLS:
 def make_serving_tls(directory: Path) -> ServingTLS:
     import trustme  # a dev dependency, like the benchmarks
 
+    from vwserver.files import write_private
+
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     tls = ServingTLS(directory / "tls.crt", directory / "tls.key", directory / "ca.crt")
-    cert.private_key_pem.write_to_path(str(tls.key_file))
+    write_private(tls.key_file, cert.private_key_pem.bytes())
     cert.cert_chain_pems[0].write_to_path(str(tls.cert_file))
     ca.cert_pem.write_to_path(str(tls.ca_file))
     return tls

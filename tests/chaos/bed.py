@@ -235,11 +235,12 @@ class VwServer:
         self, name: str, *, workdir: Path, config: Mapping[str, Any], reaper: Reaper
     ) -> None:
         self.name = name
-        (self.port,) = free_ports(1)
+        self.port, self.health_port = free_ports(2)
         self.config = {
             "externalURL": self.base,
             **config,
             "listen": {"host": "127.0.0.1", "port": self.port},
+            "health": {"host": "127.0.0.1", "port": self.health_port},
             "insecureServing": True,
         }
         workdir.mkdir(parents=True, exist_ok=True)
@@ -295,12 +296,14 @@ class VwServer:
         if process is not None:
             await stop_process(process)
 
-    async def get(self, path: str) -> tuple[int, str]:
-        """Status and text of an unauthenticated GET (health, metrics); 0 when nobody answers."""
+    async def get(self, path: str, *, health: bool = False) -> tuple[int, str]:
+        """Status and text of an unauthenticated GET (health, metrics; ``health``: on the health
+        listener, which alone serves ``/debug/cache``); 0 when nobody answers."""
+        base = f"http://127.0.0.1:{self.health_port}" if health else self.base
         try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-                session.get(self.base + path) as resp,
+                session.get(base + path) as resp,
             ):
                 return resp.status, await resp.text()
         except (aiohttp.ClientError, TimeoutError):

@@ -240,7 +240,7 @@ async def _cache_recovered(server: VwServer) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SERVED_AGAIN_WITHIN
     while True:
-        status, text = await server.get("/debug/cache")
+        status, text = await server.get("/debug/cache", health=True)
         resources = json.loads(text)["resources"] if status == 200 else []
         if resources and all(r["last_error"] is None and r["synced"] for r in resources):
             return

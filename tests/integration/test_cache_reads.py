@@ -35,6 +35,7 @@ class Pair:
     direct: str
     session: aiohttp.ClientSession
     registry: CacheRegistry
+    cached_health: str
 
     def url(self, base: str, path: str, *, slice_name: str = "prod", cluster: str = "*") -> str:
         prefix = f"{base}/services/filtered-apiexport/{SLICE_CLUSTER}/{slice_name}"
@@ -63,7 +64,7 @@ def seed(fake: FakeUpstream) -> None:
 async def pair() -> AsyncIterator[Pair]:
     upstream = FakeUpstream(bookmark_interval=0.2, history_size=50)
     async with cached_and_direct(upstream, routes=routes_for, token=PROXY_TOKEN, seed=seed) as s:
-        yield Pair(s.fake, s.cached, s.direct, s.session, s.registry)
+        yield Pair(s.fake, s.cached, s.direct, s.session, s.registry, s.cached_health)
 
 
 def normal(doc: Any) -> Any:
@@ -275,13 +276,14 @@ async def test_watch_from_before_the_window_is_expired(pair: Pair) -> None:
 
 async def test_debug_cache_and_metrics_show_the_shared_resource(pair: Pair) -> None:
     await pair.both(WIDGETS)
-    async with pair.session.get(f"{pair.cached}/debug/cache") as r:
+    async with pair.session.get(f"{pair.cached_health}/debug/cache") as r:
         assert r.status == 200
         (resource,) = (await r.json())["resources"]
     assert resource["objects"] == 10  # every object of the collection, not only the slice's
     assert resource["synced"] is True
-    async with pair.session.get(f"{pair.direct}/debug/cache") as r:
-        assert r.status == 404  # no cache, no page
+    for base in (pair.cached, pair.direct):  # never on the slice listener
+        async with pair.session.get(f"{base}/debug/cache") as r:
+            assert r.status == 404
     async with pair.session.get(f"{pair.cached}/metrics") as r:
         text = await r.text()
     assert "vwserver_cache_objects{" in text

@@ -378,7 +378,7 @@ async def test_rows_share_the_object_caches_bytes(pair: Pair) -> None:
     rows, entries = table.store.snapshot(), objects.store.snapshot()
     assert [r.key for r in rows] == [e.key for e in entries]
     assert all(r.raw is e.raw and r.meta is e.meta for r, e in zip(rows, entries, strict=True))
-    async with pair.session.get(f"{pair.cached}/debug/cache") as r:
+    async with pair.session.get(f"{pair.served.cached_health}/debug/cache") as r:
         stats = (await r.json())["resources"]
     assert {s.get("representation", "object") for s in stats} == {"object", "Table"}
-    assert len({s["url"] for s in stats}) == len(stats)  # each its own metrics label
+    assert len({(s["path"], s["shard"]) for s in stats}) == len(stats)  # each its own name

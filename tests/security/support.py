@@ -23,6 +23,7 @@ import yaml
 from aiohttp import web
 
 from fakekcp.upstream import FakeUpstream
+from vwserver.logs import formatter
 
 
 def env_int(name: str, default: int) -> int:
@@ -32,21 +33,38 @@ def env_int(name: str, default: int) -> int:
 
 
 class LogCapture(logging.Handler):
-    """Collects every record at WARNING and above from every logger while installed."""
+    """Collects every record at ``level`` (default WARNING) and above from every logger while
+    installed; a level below the root logger's lowers the root's meanwhile, so that records
+    at that level are made at all."""
 
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__(level=level)
         self.records: list[logging.LogRecord] = []
+        self._root_level: int | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
     def __enter__(self) -> LogCapture:
-        logging.getLogger().addHandler(self)
+        root = logging.getLogger()
+        root.addHandler(self)
+        if root.getEffectiveLevel() > self.level:
+            self._root_level = root.level
+            root.setLevel(self.level)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        logging.getLogger().removeHandler(self)
+        root = logging.getLogger()
+        root.removeHandler(self)
+        if self._root_level is not None:
+            root.setLevel(self._root_level)
+            self._root_level = None
+
+    def rendered(self, since: int = 0) -> list[str]:
+        """Each record from index ``since`` as both of vwserver's log formats write it
+        (message, fields, traceback), to look for bytes that must never be logged."""
+        formats = (formatter("text"), formatter("json"))
+        return [f.format(record) for record in self.records[since:] for f in formats]
 
     def problems(self, since: int = 0) -> list[str]:
         """ERROR (or worse) records and records carrying a traceback, from index ``since``."""

@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -96,6 +97,7 @@ def slice_config(kcp: KcpInstance, world: Bootstrap, *, name: str, run: str) -> 
 
 
 async def cache_stats(session: aiohttp.ClientSession, base: str) -> list[dict[str, Any]]:
+    """``/debug/cache`` of the health listener at ``base``."""
     async with session.get(f"{base}/debug/cache") as r:
         assert r.status == 200
         resources: list[dict[str, Any]] = (await r.json())["resources"]
@@ -139,6 +141,7 @@ async def test_a_thousand_tls_watches_soak(
     run = uuid.uuid4().hex[:8]
     name = f"soak-{run}"
     vw_collection = f"{world.vw_url}/clusters/*/{world.api_path}/{world.resource}"
+    collection_path = urlsplit(vw_collection).path  # how /debug/cache names it (no kcp host)
     kcp_watches = {"idle": await kcp_open_watches(kcp, resource=world.resource)}
     async with contextlib.AsyncExitStack() as stack:
         served = await stack.enter_async_context(
@@ -163,7 +166,7 @@ async def test_a_thousand_tls_watches_soak(
         writer = Writer(to_kcp, world, run=run)
         stack.push_async_callback(writer.remove_all)
 
-        await wait_synced(vw, base, slice_url)
+        await wait_synced(vw, served.health_base, slice_url)
         kcp_watches["vwserver synced"] = await kcp_open_watches(kcp, resource=world.resource)
         before_watches = usage(served.pid)
 
@@ -194,7 +197,9 @@ async def test_a_thousand_tls_watches_soak(
         kcp_watches[f"+ {WATCHES} watches through vwserver"] = await kcp_open_watches(
             kcp, resource=world.resource
         )
-        (shared,) = [s for s in await cache_stats(vw, base) if s["url"] == vw_collection]
+        (shared,) = [
+            s for s in await cache_stats(vw, served.health_base) if s["path"] == collection_path
+        ]
         assert shared["subscribers"] == WATCHES, (shared, watchers.lines[-5:])
 
         # The soak: steady writes; usage sampled all along, the baseline after the warm-up.
@@ -215,7 +220,7 @@ async def test_a_thousand_tls_watches_soak(
         if reference_task.done():
             reference_task.result()  # its failure, if it failed
         warm = usage(served.pid)
-        mid_stats = await cache_stats(vw, base)
+        mid_stats = await cache_stats(vw, served.health_base)
         done = await writing
         end = usage(served.pid)
         samples.append((loop.time() - start, end))
@@ -228,7 +233,7 @@ async def test_a_thousand_tls_watches_soak(
         if reference_task.done():
             reference_task.result()
         await watchers.wait_complete(set(reference.changes), within=STARVATION_BOUND + 10)
-        end_stats = await cache_stats(vw, base)
+        end_stats = await cache_stats(vw, served.health_base)
         metrics = await metric_samples(vw, f"{base}/metrics")
         reports = await watchers.finish(within=60)
 
@@ -266,7 +271,7 @@ async def test_a_thousand_tls_watches_soak(
     )
     # One upstream list+watch for the resource all along, shared by every watch.
     for stats in (mid_stats, end_stats):
-        (resource,) = [s for s in stats if s["url"] == vw_collection]
+        (resource,) = [s for s in stats if s["path"] == collection_path]
         assert resource["subscribers"] == WATCHES, resource
     restarts = [s for s in metrics if s.name == "vwserver_cache_reflector_restarts_total"]
     assert sum(s.value for s in restarts) == 0, restarts

@@ -25,7 +25,7 @@ from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes, RouteTable
-from vwserver.server import build_app
+from vwserver.server import build_app, health_listener_app
 
 
 async def cache_reads(
@@ -69,6 +69,8 @@ class CachedAndDirect:
     """The server that passes every read to the upstream."""
     session: aiohttp.ClientSession
     registry: CacheRegistry
+    cached_health: str
+    """The health listener (on loopback: with ``/debug/cache``) of the server with the cache."""
 
 
 @contextlib.asynccontextmanager
@@ -108,8 +110,9 @@ async def cached_and_direct(
                 async with (
                     serve_app(apps[0]) as cached,
                     serve_app(apps[1]) as direct,
+                    serve_app(health_listener_app(apps[0], debug_cache=True)) as cached_health,
                     aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
                 ):
-                    yield CachedAndDirect(fake, cached, direct, session, registry)
+                    yield CachedAndDirect(fake, cached, direct, session, registry, cached_health)
             finally:
                 await registry.aclose()

@@ -67,6 +67,8 @@ class ServedProcess:
     ca_file: Path
     """The CA that signed the serving certificate."""
     log_file: Path
+    health_base: str
+    """``http://127.0.0.1:<port>``: the health listener, with ``/debug/cache``."""
 
     @property
     def pid(self) -> int:
@@ -87,10 +89,11 @@ async def vwserver_process(
     reaper: Reaper,
     ready_within: float = 60.0,
 ) -> AsyncIterator[ServedProcess]:
-    """``vwserver serve`` with ``config`` plus ``listen`` (a free loopback port) and ``tls`` (a
-    certificate for 127.0.0.1 from a new CA, in ``workdir``), ready (``/readyz`` answered 200
-    over verified TLS within ``ready_within`` seconds); stopped when the block ends."""
-    port = _write_files(config, workdir)
+    """``vwserver serve`` with ``config`` plus ``listen`` and ``health`` (free loopback ports)
+    and ``tls`` (a certificate for 127.0.0.1 from a new CA, in ``workdir``), ready (``/readyz``
+    answered 200 over verified TLS within ``ready_within`` seconds); stopped when the block
+    ends."""
+    port, health_port = _write_files(config, workdir)
     log_file = workdir / "vwserver.log"
     with log_file.open("wb") as log:
         args = [sys.executable, "-m", "vwserver.cli", "serve", "--config", "vwserver.yaml"]
@@ -103,6 +106,7 @@ async def vwserver_process(
         process=process,
         ca_file=workdir / "ca.crt",
         log_file=log_file,
+        health_base=f"http://127.0.0.1:{health_port}",
     )
     try:
         await _wait_ready(served, within=ready_within)
@@ -111,22 +115,24 @@ async def vwserver_process(
         await stop_process(process)
 
 
-def _write_files(config: Mapping[str, Any], workdir: Path) -> int:
-    """The TLS files and the config in ``workdir``; the port vwserver is to listen on."""
+def _write_files(config: Mapping[str, Any], workdir: Path) -> tuple[int, int]:
+    """The TLS files and the config in ``workdir``; the ports vwserver is to listen on (slices,
+    health)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     ca.cert_pem.write_to_path(str(workdir / "ca.crt"))
     cert.private_key_pem.write_to_path(str(workdir / "tls.key"))
     cert.cert_chain_pems[0].write_to_path(str(workdir / "tls.crt"))
-    (port,) = free_ports(1)
+    port, health_port = free_ports(2)
     doc = {
         **config,
         "listen": {"host": "127.0.0.1", "port": port},
+        "health": {"host": "127.0.0.1", "port": health_port},
         "tls": {"certFile": "tls.crt", "keyFile": "tls.key"},
     }
     (workdir / "vwserver.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return port
+    return port, health_port
 
 
 async def _wait_ready(served: ServedProcess, *, within: float) -> None:

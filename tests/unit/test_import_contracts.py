@@ -8,7 +8,7 @@ above (the README's architecture picture):
     proxy, controller                             (request path, slice control loop)
     auth, routes, cache
     k8s, selector, config                         (control-loop layer, pure logic, config base)
-    errors, clock, logs, metrics, health          (leaves)
+    errors, clock, logs, metrics, health, files   (leaves)
 
 proxy, controller and syncer are independent of each other, and nothing in the package imports
 test support or the development environment.
@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"proxy", "controller"},
     {"auth", "routes", "cache"},
     {"k8s", "selector", "holds", "config", "names"},
-    {"errors", "clock", "logs", "metrics", "health", "__init__"},
+    {"errors", "clock", "logs", "metrics", "health", "files", "__init__"},
 ]
 INDEPENDENT = ("proxy", "controller", "syncer")
 # Top-level packages of the repository that are not shipped: test support and dev tooling.

@@ -23,7 +23,8 @@ AUTHENTICATED_GROUP = "system:authenticated"
 def identity_from_peercert(peercert: Mapping[str, Any] | None) -> Identity | None:
     """The identity of a decoded, verified certificate (``SSLSocket.getpeercert()`` shape).
 
-    None without a certificate or without a common name (the apiserver refuses those too).
+    None without a certificate or without a common name (the apiserver refuses those too), or
+    with a name or group that is not printable text (see the module docstring).
     """
     if not peercert:
         return None
@@ -36,7 +37,7 @@ def identity_from_peercert(peercert: Mapping[str, Any] | None) -> Identity | Non
                 user = str(value)
             elif attribute == "organizationName":
                 groups.append(str(value))
-    if not user:
+    if not user or not all(name.isprintable() for name in (user, *groups)):
         return None
     # Every authenticated user is in system:authenticated (the apiserver's AuthenticatedGroupAdder
     # does this for all authenticators; kcp's TokenReview answers already contain it).

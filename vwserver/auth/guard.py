@@ -48,7 +48,7 @@ from vwserver.auth.access import CONTENT_GROUP, CONTENT_RESOURCE, AccessReviewer
 from vwserver.auth.certs import client_certificate_identity
 from vwserver.auth.identity import Identity
 from vwserver.auth.reviews import RETRY_AFTER_SECONDS
-from vwserver.auth.tokens import TokenReviewer
+from vwserver.auth.tokens import TokenReviewer, well_formed
 from vwserver.errors import Forbidden, Unauthorized, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,13 @@ class Gate(Protocol):
 
 
 def bearer_token(request: web.Request) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header (scheme case-insensitive, as
-    the apiserver's bearer-token authenticator reads it), or None."""
+    """The token of an ``Authorization: Bearer <token>`` header (the first such header, scheme
+    case-insensitive, as the apiserver's bearer-token authenticator reads it), or None — also
+    for a token that is not :func:`~vwserver.auth.tokens.well_formed` (bytes that are not
+    visible ASCII: the caller is then unauthenticated, a 401, and the token goes nowhere)."""
     scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token or " " in token:
+    if scheme.lower() != "bearer" or not well_formed(token):
         return None
     return token
 

@@ -19,6 +19,14 @@ serves a slice the workspace exists, and there the refusal is kcp's trouble, not
 shows in the log; kcp unreachable or overloaded stays a 503, and any other refusal a 502:
 neither depends on the workspace.
 
+A token is a run of visible ASCII characters (``0x21``-``0x7e``), :func:`well_formed`: every
+token kcp issues or reads from a token file in practice is (JWTs, bootstrap and static tokens),
+and only these mean the same bytes everywhere: aiohttp hands header bytes over decoded as UTF-8
+with ``surrogateescape``, a TokenReview carries the token in JSON (which has no room for bytes
+that are not UTF-8: they would turn into U+FFFD, another token) and passthrough mode sends it on
+in a header. Anything else is "not authenticated" without a review (a 401, like a token kcp does
+not know), never an encoding error: one such error once answered 500 and logged a token byte.
+
 Tokens are never stored or logged: the cache is keyed by an HMAC of the token under a key that
 lives only in this process, so even a memory dump does not allow testing guessed tokens offline.
 Negative answers are cached too (shorter), so a client retrying a bad token in a loop costs kcp
@@ -30,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -53,6 +62,15 @@ _WORKSPACE_REFUSALS = (ApiForbidden, ApiNotFound)
 #: Seconds a workspace's refusal is cached: kcp refuses reviews for a few seconds while it
 #: (re)starts, and a valid token must not stay refused for the whole negative TTL after that.
 REFUSAL_TTL = 1.0
+
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+MALFORMED = "malformed token"
+"""The :attr:`TokenResult.error` of a token that is not :func:`well_formed` (never reviewed)."""
+
+
+def well_formed(token: str) -> bool:
+    """Whether ``token`` is a run of visible ASCII characters (see the module docstring)."""
+    return _TOKEN.fullmatch(token) is not None
 
 
 class _UserInfo(msgspec.Struct):
@@ -103,7 +121,10 @@ class TokenReviewer:
         return self._cache
 
     async def authenticate(self, token: str, *, cluster: str) -> TokenResult:
-        """Who ``token`` belongs to, asked in logical cluster ``cluster`` (cached)."""
+        """Who ``token`` belongs to, asked in logical cluster ``cluster`` (cached); a token that
+        is not :func:`well_formed` is nobody's, without asking kcp."""
+        if not well_formed(token):
+            return TokenResult(None, MALFORMED)
         digest = hmac.new(self._hmac_key, token.encode(), hashlib.sha256).digest()
 
         async def review() -> tuple[TokenResult, float]:
@@ -143,7 +164,10 @@ class TokenReviewer:
             log.error("unusable TokenReview status from kcp: %s", e)
             raise BadGateway("cannot check credentials: unusable TokenReview answer") from e
         if not status.authenticated or not status.user.username:
-            return TokenResult(None, status.error or "not authenticated")
+            # kcp's reason goes to a debug log line: never with the token in it, should an
+            # authenticator quote what it was given.
+            reason = status.error.replace(token, "<token>") if status.error else ""
+            return TokenResult(None, reason or "not authenticated")
         user = status.user
         return TokenResult(
             Identity.create(user.username, uid=user.uid, groups=user.groups, extra=user.extra)

@@ -68,6 +68,14 @@ class Listen(_Strict):
     port: int = 8443
 
 
+class HealthListen(_Strict):
+    """A second listener, plain HTTP: the health endpoints and metrics, and ``/debug/cache``
+    when ``host`` is a loopback address (the slice listener never serves it)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+
+
 class TLS(_Strict):
     # Reloaded when the files change (vwserver.auth.tls): rotation needs no restart.
     cert_file: str
@@ -193,6 +201,7 @@ class MetricsConfig(_Strict):
 
 class Config(CommandConfig):
     listen: Listen = msgspec.field(default_factory=Listen)
+    health: HealthListen | None = None
     connections: Connections = msgspec.field(default_factory=Connections)
     tls: TLS | None = None
     # Plain HTTP without TLS. For local development only; `serve` refuses to start without TLS
@@ -244,6 +253,11 @@ def slice_selector(slice_: SliceConfig, *, field: str) -> Selector:
 def _validate(config: Config, *, base_dir: Path) -> None:
     if not 0 < config.listen.port < 65536:
         raise ConfigError("$.listen.port", f"{config.listen.port} is not a TCP port")
+    if config.health is not None:
+        if not 0 <= config.health.port < 65536:
+            raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
+        if config.health.port == config.listen.port:
+            raise ConfigError("$.health.port", "must differ from listen.port")
     if config.tls is None and not config.insecure_serving:
         raise ConfigError(
             "$.tls", "required (certFile, keyFile); set insecureServing: true for plain HTTP"

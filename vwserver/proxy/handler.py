@@ -1,11 +1,12 @@
 """The filtering proxy's entry point: from an HTTP request to the right guarded operation.
 
 Order of decisions, each of which can end the request with a Status before anything is sent
-upstream: path syntax (400) → what the request is (verb/resource, 400/405) → who the caller is
-and whether it may use the slice with that verb (401/403, :mod:`vwserver.auth`; before the
-lookup, so a caller learns nothing about slices it may not use) → slice exists (404) → slice
-ready (503) → allowed on this kind of target (wildcard: list/watch only, 405; apibindings:
-read-only, 403) → the verb's own guard.
+upstream: path syntax (400) → header field syntax (400,
+:mod:`~vwserver.proxy.request_headers`) → what the request is (verb/resource, 400/405) → who
+the caller is and whether it may use the slice with that verb (401/403, :mod:`vwserver.auth`;
+before the lookup, so a caller learns nothing about slices it may not use) → slice exists (404)
+→ slice ready (503) → allowed on this kind of target (wildcard: list/watch only, 405;
+apibindings: read-only, 403) → the verb's own guard.
 
 Every request, whatever ends it, is observed once when it ends: one log line on
 :data:`~vwserver.logs.ACCESS_LOGGER` (slice, verb, user, code, duration, request id — never a
@@ -47,6 +48,7 @@ from vwserver.proxy import (
     negotiation,
     options,
     reads,
+    request_headers,
     watch,
     writes,
 )
@@ -186,7 +188,9 @@ class ProxyHandler:
         if self._routes.table.lookup(path.slice_cluster, path.slice_name) is not None:
             record.slice = f"{path.slice_cluster}/{path.slice_name}"
         # Everything the request says is parsed against allow-lists before anyone is asked
-        # anything: its path and verb, its query, the representation it wants.
+        # anything: its header fields' syntax, its path and verb, its query, the
+        # representation it wants.
+        request_headers.check(request.headers.items())
         query = list(request.rel_url.query.items())
         api = classify(path.api_path, method=request.method, watch=options.watch_requested(query))
         record.verb = api.verb

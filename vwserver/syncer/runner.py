@@ -41,8 +41,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import web
-
 from vwserver.clock import Clock, SystemClock
 from vwserver.errors import ApiError, UpstreamUnavailable
 from vwserver.k8s.backoff import Backoff
@@ -50,6 +48,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kcp import clusters
 from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR
 from vwserver.k8s.lease import LeaderElector
+from vwserver.listener import ConnectionLimits, listening
 from vwserver.syncer import checks
 from vwserver.syncer.clients import Clients, open_clients
 from vwserver.syncer.config import SyncerConfig
@@ -389,17 +388,15 @@ class Syncer:
         if not health.enabled:
             yield
             return
-        runner = web.AppRunner(health_app(self), access_log=None)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, health.host, health.port)
-            await site.start()
-            host, port = runner.addresses[0][:2]
+        # vwserver's own listener, as ``serve``'s: bounded heads and timeouts, malformed
+        # requests answered with a Status, no ``Server`` header.
+        async with listening(
+            health_app(self), health.host, health.port, limits=ConnectionLimits()
+        ) as site:
+            host, port = site.address
             self.health_url = f"http://{host}:{port}"
             log.info("health and metrics on %s", self.health_url)
             yield
-        finally:
-            await runner.cleanup()
 
 
 async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
