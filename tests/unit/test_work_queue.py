@@ -17,9 +17,8 @@ NO_JITTER = Backoff(initial=0.01, maximum=0.04, jitter=0.0)
 def queued(queue: WorkQueue[str]) -> list[str]:
     """What ``get`` would hand out now, in order (taken without processing)."""
     out = []
-    while len(queue):
-        key = queue._queue.popleft()
-        queue._dirty.discard(key)
+    while (key := queue._pop(None)) is not None:
+        queue.done(key)
         out.append(key)
     return out
 
