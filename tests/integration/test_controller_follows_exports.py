@@ -22,8 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from fakekcp.auth import FakeAuth
-from vwserver.controller import consent
 from tests.support.serve import serve_app
+from vwserver.controller import consent
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient

@@ -211,7 +211,9 @@ def test_a_consent_review_that_kcp_refused_is_no_consent_and_looks_like_a_refusa
     refused = ExportLookup(export_cluster="exportws", consent_error="kcp refused (403)", urls=(VW,))
     denied = ExportLookup(export_cluster="exportws", granted=False)
     out = desired(slice_obj(), lookup=refused, external_url="https://vw", now="T")
-    assert out.status == desired(slice_obj(), lookup=denied, external_url="https://vw", now="T").status
+    assert (
+        out.status == desired(slice_obj(), lookup=denied, external_url="https://vw", now="T").status
+    )
     assert conditions(out.status)["APIExportValid"] == ("False", NOT_PERMITTED)
     assert conditions(out.status)["Ready"] == ("False", NOT_PERMITTED)
     assert out.route is not None

@@ -387,6 +387,10 @@ class SliceController:
     def _client_for(self, key: Key) -> KubeClient:
         return self._client if key in self._implied else self._tenant_client
 
+    def followed_exports(self) -> set[tuple[str, str]]:
+        """The exports (path, name) whose APIExport and endpoint slice are watched now."""
+        return set(self._export_watches)
+
     def upstream_watches(self) -> int:
         """The controller's own list+watch loops against kcp now (``/metrics``)."""
         return len(self._slices) + 2 * len(self._export_watches)
@@ -595,12 +599,14 @@ class SliceController:
                 api="authorization.k8s.io/v1",
                 resource="subjectaccessreviews",
                 body=consent.review(slice_cluster=slice_cluster, export_name=export_name),
+                log_refusal=False,
             )
-        except BadGateway as e:  # logged by post_review with kcp's message
-            code = e.__cause__.code if isinstance(e.__cause__, ApiError) else 0
+        except BadGateway as e:  # logged by _lookup, once per slice and problem
+            cause = e.__cause__
+            code, why = (cause.code, cause.message) if isinstance(cause, ApiError) else (0, "")
             return False, (
                 f"kcp refused vwserver's SubjectAccessReview in workspace {export_workspace}"
-                f" ({code}): no such workspace, or vwserver's identity needs create on "
+                f" ({code} {why}): no such workspace, or vwserver's identity needs create on "
                 "subjectaccessreviews there; the slice's status says NotPermitted either way"
             )
         return review_allows(status), ""
