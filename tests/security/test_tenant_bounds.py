@@ -344,3 +344,17 @@ async def test_an_implied_slice_is_not_retired_when_a_recheck_fails(scripted: Sc
         ready_reason(ctl, ("eve", "granted")) or ""
     )  # a grant: fails closed
     await ctl.aclose()
+
+
+async def test_a_providers_recheck_is_not_held_up_by_the_review_budget(
+    scripted: ScriptedKcp,
+) -> None:
+    ctl, cache = controller(scripted, consent_reviews_per_second=1)
+    cache.on_event("ADDED", slice_obj(PROVIDER, "own", path=PROVIDER_PATH, export=EXPORT))
+    await ctl._process((PROVIDER, "own"))
+    assert ready_reason(ctl, (PROVIDER, "own")) is None
+    budget = ctl._review_budget(PROVIDER)
+    while budget.take() == 0:
+        pass  # spent
+    assert await ctl.reconcile((PROVIDER, "own")) is True  # re-checked all the same
+    await ctl.aclose()

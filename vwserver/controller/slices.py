@@ -412,6 +412,7 @@ class SliceController:
                 entries[name] = entry
             if not entries:
                 del self._index[cluster]
+                self._budgets.pop(cluster, None)
             self._decide_caps(cluster)
         self.queue.add(key)
 
@@ -521,7 +522,9 @@ class SliceController:
         slice_cluster = key[0]
         export_cluster = slice_cluster if path == slice_cluster else ""
         if not export_cluster:
-            wait = self._review_budget(slice_cluster).take()
+            # (a slice found in its export's own workspace last time is re-checked unbudgeted:
+            # the budget bounds what a tenant makes vwserver ask, not the providers' re-checks)
+            wait = 0.0 if key in self._implied else self._review_budget(slice_cluster).take()
             if wait > 0:
                 raise _Throttled(wait)
             export_cluster = await self._resolve(path)
