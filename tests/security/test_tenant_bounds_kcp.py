@@ -193,18 +193,20 @@ async def test_a_thousand_hostile_slices_do_not_starve_the_providers_slices(
         f"/namespaces/{victim.namespace}/{world.resource}/{victim.name}"
     )
 
+    def metric(name: str, **labels: str) -> int:
+        return int(served.metrics.registry.get_sample_value(name, labels) or 0)
+
     def pool(name: str) -> int:
-        sample = served.metrics.registry.get_sample_value(
-            "vwserver_controller_upstream_connections", {"pool": name}
-        )
-        return int(sample or 0)
+        return metric("vwserver_controller_upstream_connections", pool=name)
 
     def counts() -> tuple[int, int, int, int]:
-        """The controller's upstream watches, this process's connections to kcp (vwserver's:
-        the test's own helpers' are subtracted), and the controller's two pools."""
+        """The controller's upstream watches (its metric), this process's connections to kcp
+        (vwserver's: the test's own helpers' are subtracted), and the controller's two pools
+        (their metric)."""
         connections = tcp_connections(os.getpid(), port=kcp_port)
         connections -= sum(c.connections for c in _HELPERS)
-        return served.controller.upstream_watches(), connections, pool("provider"), pool("tenants")
+        watches = metric("vwserver_controller_upstream_watches")
+        return watches, connections, pool("provider"), pool("tenants")
 
     before = counts()
     watches_before, connections_before = before[0], before[1]
