@@ -94,7 +94,8 @@ class ServerMetrics:
         )
         self.reconciles = Counter(
             "vwserver_controller_reconciles",
-            "Slice reconciles by result (ready, not_ready, deleted, error).",
+            "Slice reconciles by result (ready, not_ready, deleted, error, throttled: the slice "
+            "workspace spent its consent-review budget, nothing asked).",
             ["result"],
             registry=r,
         )
