@@ -94,13 +94,29 @@ class ServerMetrics:
         )
         self.reconciles = Counter(
             "vwserver_controller_reconciles",
-            "Slice reconciles by result (ready, not_ready, deleted, error).",
+            "Slice reconciles by result (ready, not_ready, deleted, error, throttled: the slice "
+            "workspace spent its consent-review budget, nothing asked).",
             ["result"],
             registry=r,
         )
         self.queue_depth = Gauge(
             "vwserver_controller_queue_depth",
             "Slices waiting in the controller's work queue (not those waiting for a retry).",
+            registry=r,
+        )
+        self.controller_watches = Gauge(
+            "vwserver_controller_upstream_watches",
+            "The slice controller's own list+watch loops against kcp: slices (one per shard) "
+            "and the APIExport and APIExportEndpointSlice of every export a slice may serve "
+            "(its owner consented); never one for an export before that.",
+            registry=r,
+        )
+        self.controller_connections = Gauge(
+            "vwserver_controller_upstream_connections",
+            "Open connections to kcp of the slice controller's connection pools: provider (its "
+            "watches, and the re-checks of slices in their export's own workspace) and tenants "
+            "(everything else, bounded, so that no tenant can fill the provider's pool).",
+            ["pool"],
             registry=r,
         )
 

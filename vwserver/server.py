@@ -60,7 +60,7 @@ from vwserver.config import Config, resolve, slice_selector
 from vwserver.config.base import client_auth
 from vwserver.controller.handoff import Handoff, StuckHolds
 from vwserver.controller.slice_status import WatchHealth
-from vwserver.controller.slices import ControllerSettings, SliceController
+from vwserver.controller.slices import TENANT_CONNECTIONS, ControllerSettings, SliceController
 from vwserver.errors import ConfigError
 from vwserver.health import add_health_routes, health_app
 from vwserver.k8s import kcp
@@ -429,9 +429,15 @@ async def serve(
         controller = None
         if config.controller is not None:
             client = await stack.enter_async_context(KubeClient(auth=auth))
+            # Requests for slices naming another workspace's export go through a pool of
+            # their own: no tenant can fill the pool of the providers' watches and re-checks.
+            tenants = await stack.enter_async_context(
+                KubeClient(auth=auth, max_connections=TENANT_CONNECTIONS)
+            )
             controller = build_controller(
                 config,
                 client=client,
+                tenant_client=tenants,
                 routes=routes,
                 static=static,
                 metrics=metrics,
@@ -475,6 +481,7 @@ def build_controller(
     metrics: ServerMetrics | None = None,
     stuck_holds: Callable[[str], StuckHolds | None] | None = None,
     upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
+    tenant_client: KubeClient | None = None,
 ) -> SliceController:
     c = config.controller
     assert c is not None
@@ -495,6 +502,9 @@ def build_controller(
         export_name=c.export.name,
         external_url=config.external_url,
         resync=c.resync_seconds,
+        max_slices_per_workspace=c.max_slices_per_workspace,
+        max_exports_per_workspace=c.max_exports_per_workspace,
+        consent_reviews_per_second=c.consent_reviews_per_second,
     )
     return SliceController(
         client=client,
@@ -505,6 +515,7 @@ def build_controller(
         metrics=metrics,
         stuck_holds=stuck_holds,
         upstream_watches=upstream_watches,
+        tenant_client=tenant_client,
     )
 
 

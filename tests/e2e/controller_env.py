@@ -30,10 +30,11 @@ from tests.support.serve import NO_AUTH, serve_app
 from vwserver.auth.guard import Guard
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
-from vwserver.controller.slices import ControllerSettings, SliceController
+from vwserver.controller.slices import TENANT_CONNECTIONS, ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
@@ -49,6 +50,7 @@ class Served:
     world: Bootstrap
     controller: SliceController
     api_ws: Workspace
+    metrics: ServerMetrics
 
     async def kubectl(self, ws: Workspace, *args: str, input: str | None = None) -> Any:
         result = await self.kcp.kubectl(*args, server=ws.url, input=input)
@@ -111,11 +113,15 @@ async def serving(
     guard: Callable[[KubeClient], Guard] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     cache: bool = False,
+    max_slices_per_workspace: int = 50,
+    max_exports_per_workspace: int = 20,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
     slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
     ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https; ``cache``:
-    serve LIST and WATCH from the shared watch cache, with holds, as a deployed vwserver does)."""
+    serve LIST and WATCH from the shared watch cache, with holds, as a deployed vwserver does).
+    The controller has its tenants' connection pool, as ``vwserver serve`` builds it, and the
+    caps given."""
     api_ws = await install_api(kcp, workspace=API_WS)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
@@ -123,6 +129,10 @@ async def serving(
     routes = Routes()
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(KubeClient(auth=auth))
+        tenants = await stack.enter_async_context(
+            KubeClient(auth=auth, max_connections=TENANT_CONNECTIONS)
+        )
+        metrics = ServerMetrics()
         registry = None
         if cache:
             registry = CacheRegistry(client=client, clock=SystemClock())
@@ -134,6 +144,7 @@ async def serving(
             ready=lambda: "c" in holder and holder["c"].synced.is_set(),
             guard=guard(client) if guard is not None else NO_AUTH,
             cache=registry,
+            metrics=metrics,
         )
         base = await stack.enter_async_context(serve_app(app, ssl_context=ssl_context))
         controller = SliceController(
@@ -144,13 +155,17 @@ async def serving(
                 external_url=base,
                 resync=resync,
                 retry=Backoff(initial=0.2, maximum=1.0),
+                max_slices_per_workspace=max_slices_per_workspace,
+                max_exports_per_workspace=max_exports_per_workspace,
             ),
+            tenant_client=tenants,
+            metrics=metrics,
         )
         holder["c"] = controller
         task = asyncio.create_task(controller.run())
         try:
             await asyncio.wait_for(controller.synced.wait(), 30)
-            yield Served(base, kcp, world, controller, api_ws)
+            yield Served(base, kcp, world, controller, api_ws, metrics)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -5,7 +5,8 @@ A scripted stand-in for kcp serves exactly what the controller reads: vwserver's
 slice, one FilteredAPIExportEndpointSlice in logical cluster ``slicews`` (whose watch stays
 silent), the referenced APIExport in ``exportid`` and its APIExportEndpointSlice, which "appear"
 when the test says so and announce themselves on their watches, and the consent review
-(:class:`~fakekcp.auth.FakeAuth`). In the first test the controller re-checks a
+(:class:`~fakekcp.auth.FakeAuth`), and the LogicalCluster of workspace ``root:provider`` (whose
+ID is ``exportid``). In the first test the controller re-checks a
 not-ready slice only after a minute, so if the slice is served within seconds, the export's watch
 did it.
 """
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from fakekcp.auth import FakeAuth
 from tests.support.serve import serve_app
+from vwserver.controller import consent
 from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
@@ -58,6 +60,8 @@ class FakeKcp:
         self.appeared = asyncio.Event()
         self.auth = FakeAuth()
         self.statuses: list[dict[str, Any]] = []
+        self.unconsented_reads = 0
+        """Reads and watches of the export made while its owner did not consent."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,6 +73,10 @@ class FakeKcp:
             "/clusters/{ws}/apis/apis.kcp.io/v1alpha2/apiexports/{name}", self.export
         )
         app.router.add_get("/clusters/{ws}/apis/apis.kcp.io/v1alpha2/apiexports", self.collection)
+        app.router.add_get(
+            "/clusters/root:provider/apis/core.kcp.io/v1alpha1/logicalclusters/cluster",
+            self.logical_cluster,
+        )
         slices = "/vw/clusters/*/apis/sync.edge-connect.eu/v1alpha1/filteredapiexportendpointslices"
         app.router.add_get(slices, self.slices)
         app.router.add_patch(
@@ -93,10 +101,24 @@ class FakeKcp:
         }
 
     async def endpoint_slice(self, request: web.Request) -> web.Response:
+        if request.match_info["name"] != "sync.edge-connect.eu":
+            self._read(request.match_info["name"])
         obj = self._endpoint_slice(request.match_info["ws"], request.match_info["name"])
         return web.json_response(obj) if obj else web.json_response({"code": 404}, status=404)
 
+    async def logical_cluster(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"metadata": {"name": "cluster", "annotations": {"kcp.io/cluster": "exportid"}}}
+        )
+
+    def _read(self, name: str) -> None:
+        """Something of export ``name`` is read: count it if its owner does not consent."""
+        review = consent.review(slice_cluster="slicews", export_name=name)
+        if not self.auth._allowed("exportid", review["spec"]):
+            self.unconsented_reads += 1
+
     async def export(self, request: web.Request) -> web.Response:
+        self._read(request.match_info["name"])
         if not self.export_exists:
             return web.json_response({"code": 404, "reason": "NotFound"}, status=404)
         return web.json_response(
@@ -110,6 +132,7 @@ class FakeKcp:
 
     async def collection(self, request: web.Request) -> web.StreamResponse:
         """List (empty until the export appears) and watch (one ADDED when it appears)."""
+        self._read("widgets.example.io")
         if request.query.get("watch") != "true":
             return web.json_response({"metadata": {"resourceVersion": "1"}, "items": []})
         response = web.StreamResponse()
@@ -211,6 +234,7 @@ async def test_consent_is_asked_on_every_reconcile_and_revocation_retires_the_ro
         assert refused.upstream_url == ""
         review = kcp.auth.access_reviews[-1]
         assert review["cluster"] == "exportid"  # asked in the export's logical cluster
+        assert kcp.unconsented_reads == 0  # nothing of the export read before consent
         assert review["spec"]["user"] == "system:vwserver:workspace:slicews"
         reasons = await written_reasons(kcp, ready="NotPermitted")
         assert reasons == {
@@ -235,7 +259,8 @@ async def test_consent_is_asked_on_every_reconcile_and_revocation_retires_the_ro
 
 async def test_a_ready_slice_fails_closed_when_consent_cannot_be_rechecked() -> None:
     """kcp stops answering the consent review: the ready route is not trusted beyond a resync;
-    kcp refusing vwserver's review is reported as ConsentUnknown."""
+    kcp refusing vwserver's review is NotPermitted in the status (as a denial: it must not tell
+    whether the workspace exists) and the reason is in the route's 503 only as that answer."""
     kcp = FakeKcp()
     kcp.export_exists = True
     kcp.appeared.set()
@@ -252,6 +277,6 @@ async def test_a_ready_slice_fails_closed_when_consent_cannot_be_rechecked() -> 
         kcp.auth.fail_with = 403  # kcp refuses vwserver's review: no answer is no consent
         unknown = await served_route(routes, ready=False, within=2)
         assert unknown.not_ready is not None
-        assert "kcp refused vwserver's SubjectAccessReview" in unknown.not_ready
-        reasons = await written_reasons(kcp, ready="ConsentUnknown")
-        assert reasons["APIExportValid"] == "ConsentUnknown"
+        assert "system:vwserver:workspace:slicews" in unknown.not_ready
+        reasons = await written_reasons(kcp, ready="NotPermitted")
+        assert reasons["APIExportValid"] == "NotPermitted"

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Usage", "usage"]
+__all__ = ["Usage", "tcp_connections", "usage"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -44,3 +44,32 @@ def usage(pid: int) -> Usage:
     fields = (proc / "stat").read_text().rpartition(")")[2].split()
     cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     return Usage(rss_kib=rss, fds=fds, cpu_seconds=cpu)
+
+
+_ESTABLISHED = "01"
+
+
+def tcp_connections(pid: int, *, port: int) -> int:
+    """Established TCP connections of process ``pid`` to remote ``port`` (any address), e.g.
+    how many connections a server holds open to its upstream."""
+    proc = Path("/proc") / str(pid)
+    inodes = set()
+    for fd in os.listdir(proc / "fd"):
+        try:
+            target = os.readlink(proc / "fd" / fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        path = proc / "net" / table
+        if not path.exists():
+            continue
+        # columns: sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rpartition(":")[2], 16)
+            if remote_port == port and fields[3] == _ESTABLISHED and fields[9] in inodes:
+                count += 1
+    return count

@@ -10,7 +10,6 @@ import pytest
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
 from vwserver.controller.slice_status import (
-    CONSENT_UNKNOWN,
     NOT_PERMITTED,
     ExportLookup,
     WatchHealth,
@@ -206,14 +205,21 @@ def test_a_slice_elsewhere_without_a_grant_is_refused(granted: bool | None) -> N
     assert (out.route.upstream_url, dict(out.route.shards)) == ("", {})
 
 
-def test_a_consent_review_that_kcp_refused_is_no_consent() -> None:
-    lookup = ExportLookup(export_cluster="exportws", consent_error="kcp refused (403)", urls=(VW,))
-    out = desired(slice_obj(), lookup=lookup, external_url="https://vw", now="T")
-    assert conditions(out.status)["APIExportValid"] == ("False", CONSENT_UNKNOWN)
-    assert conditions(out.status)["Ready"] == ("False", CONSENT_UNKNOWN)
+def test_a_consent_review_that_kcp_refused_is_no_consent_and_looks_like_a_refusal() -> None:
+    """kcp refusing vwserver's review (a workspace that does not exist, or one where vwserver may
+    not review) answers exactly as a denied review: the status must not tell which (issue #22,
+    finding 6); the reason is in vwserver's log."""
+    refused = ExportLookup(export_cluster="exportws", consent_error="kcp refused (403)", urls=(VW,))
+    denied = ExportLookup(export_cluster="exportws", granted=False)
+    out = desired(slice_obj(), lookup=refused, external_url="https://vw", now="T")
+    assert (
+        out.status == desired(slice_obj(), lookup=denied, external_url="https://vw", now="T").status
+    )
+    assert conditions(out.status)["APIExportValid"] == ("False", NOT_PERMITTED)
+    assert conditions(out.status)["Ready"] == ("False", NOT_PERMITTED)
     assert out.route is not None
     assert out.route.not_ready is not None
-    assert "kcp refused (403)" in out.route.not_ready
+    assert "kcp refused" not in out.route.not_ready
     assert out.route.upstream_url == ""
 
 

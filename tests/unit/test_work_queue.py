@@ -17,9 +17,8 @@ NO_JITTER = Backoff(initial=0.01, maximum=0.04, jitter=0.0)
 def queued(queue: WorkQueue[str]) -> list[str]:
     """What ``get`` would hand out now, in order (taken without processing)."""
     out = []
-    while len(queue):
-        key = queue._queue.popleft()
-        queue._dirty.discard(key)
+    while (key := queue._pop(None)) is not None:
+        queue.done(key)
         out.append(key)
     return out
 
@@ -177,3 +176,75 @@ async def test_workers_never_handle_one_key_at_once_and_stop_at_shutdown() -> No
     assert sorted(handled) == ["a", "a", "b"]
     queue.shutdown()
     await asyncio.wait_for(asyncio.gather(*workers), 1)  # each worker returns
+
+
+# --- fairness across groups (the slice controller's tenants, issue #22) --------------------
+
+
+def tenant(key: str) -> str:
+    """Keys are "<group>/<name>"."""
+    return key.partition("/")[0]
+
+
+async def test_groups_take_turns_so_a_thousand_keys_do_not_delay_another_groups_key() -> None:
+    queue: WorkQueue[str] = WorkQueue(clock=ManualClock(), group=tenant)
+    for i in range(1000):
+        queue.add(f"hostile/{i}")
+    queue.add("provider/new")
+    order = [await queue.get() for _ in range(4)]
+    assert order == ["hostile/0", "provider/new", "hostile/1", "hostile/2"]
+    assert len(queue) == 997
+    assert queue.queued("hostile") == 997
+    queue.shutdown()
+
+
+async def test_at_most_n_keys_of_one_group_are_processed_at_once() -> None:
+    queue: WorkQueue[str] = WorkQueue(clock=ManualClock(), group=tenant, max_active_per_group=1)
+    for key in ("a/1", "a/2", "b/1"):
+        queue.add(key)
+    assert await queue.get() == "a/1"
+    assert await queue.get() == "b/1"  # a/2 waits for a/1, b is served meanwhile
+    waiting = asyncio.create_task(queue.get())
+    await settle()
+    assert not waiting.done()
+    queue.done("a/1")
+    assert await asyncio.wait_for(waiting, 1) == "a/2"
+    queue.shutdown()
+
+
+async def test_a_reserved_worker_takes_only_the_groups_it_accepts() -> None:
+    queue: WorkQueue[str] = WorkQueue(clock=ManualClock(), group=tenant)
+    queue.add("hostile/1")
+    reserved = asyncio.create_task(queue.get(accept=lambda g: g == "provider"))
+    await settle()
+    assert not reserved.done()
+    queue.add("provider/1")
+    assert await asyncio.wait_for(reserved, 1) == "provider/1"
+    assert await queue.get() == "hostile/1"
+    queue.shutdown()
+    with pytest.raises(QueueShutDown):
+        await queue.get(accept=lambda g: g == "provider")
+
+
+async def test_each_group_retries_on_its_own_budget() -> None:
+    queue: WorkQueue[str] = WorkQueue(
+        clock=ManualClock(),
+        backoff=Backoff(initial=0.001, maximum=0.001, jitter=0),
+        rate=1,
+        burst=2,
+        group=tenant,
+    )
+    hostile = [queue.add_rate_limited(f"hostile/{i}") for i in range(100)]
+    assert hostile[-1] == pytest.approx(98)  # the hostile group is in debt...
+    assert queue.add_rate_limited("provider/1") == 0.001  # ...the provider's is not
+    queue.shutdown()
+
+
+def test_token_bucket_take_never_goes_into_debt() -> None:
+    clock = ManualClock()
+    bucket = TokenBucket(rate=10, burst=2, clock=clock)
+    assert [bucket.take() for _ in range(2)] == [0, 0]
+    assert bucket.take() == pytest.approx(0.1)
+    assert bucket.take() == pytest.approx(0.1)  # asking again costs nothing
+    clock.t += 0.1
+    assert bucket.take() == 0

@@ -25,11 +25,19 @@ RETRY_AFTER_SECONDS = 1
 
 
 async def post_review(
-    client: KubeClient, *, cluster: str, api: str, resource: str, body: dict[str, Any]
+    client: KubeClient,
+    *,
+    cluster: str,
+    api: str,
+    resource: str,
+    body: dict[str, Any],
+    log_refusal: bool = True,
 ) -> dict[str, Any]:
     """Create ``body`` at ``/clusters/<cluster>/apis/<api>/<resource>``; the answer's ``status``.
 
     The answer is never logged: kcp echoes a TokenReview's ``spec.token`` in it.
+    ``log_refusal=False``: the caller logs a refusal itself (the slice controller's consent
+    reviews name workspaces a tenant chose: logged once per slice, not on every retry).
     """
     group, _, version = api.rpartition("/")
     path = ResourceType(group, version, resource, kind="").collection(kcp.workspace(cluster))
@@ -43,13 +51,14 @@ async def post_review(
             ) from e
         # Only a Status message is logged (it names vwserver's identity and the missing
         # permission); any other body might echo the review, token included.
-        log.error(
-            "kcp refused vwserver's %s in logical cluster %s: %d %s",
-            resource,
-            cluster,
-            e.code,
-            e.message if e.reason else "(no Status)",
-        )
+        if log_refusal:
+            log.error(
+                "kcp refused vwserver's %s in logical cluster %s: %d %s",
+                resource,
+                cluster,
+                e.code,
+                e.message if e.reason else "(no Status)",
+            )
         raise BadGateway(
             f"cannot check credentials: kcp refused the {resource} review ({e.code})"
         ) from e

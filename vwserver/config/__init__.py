@@ -178,6 +178,15 @@ class ControllerConfig(_Strict):
     export: ControllerExport
     lease: LeaseConfig | None = None
     resync_seconds: float = 30.0
+    # Work done for one workspace's slices is bounded (any workspace that binds vwserver's API
+    # can create slices): beyond these, a slice is not looked at (Ready=False, TooManySlices /
+    # TooManyExports) and costs nothing more.
+    max_slices_per_workspace: int = 50
+    max_exports_per_workspace: int = 20
+    """Distinct ``spec.export`` references of one workspace's slices."""
+    consent_reviews_per_second: float = 5.0
+    """Per slice workspace: the rate of consent reviews (and workspace lookups) vwserver makes
+    in kcp for slices naming another workspace's export."""
 
 
 class CacheConfig(_Strict):
@@ -286,6 +295,14 @@ def _validate(config: Config, *, base_dir: Path) -> None:
             )
         if config.controller.resync_seconds <= 0:
             raise ConfigError("$.controller.resyncSeconds", "must be positive")
+        for key, value in (
+            ("maxSlicesPerWorkspace", config.controller.max_slices_per_workspace),
+            ("maxExportsPerWorkspace", config.controller.max_exports_per_workspace),
+        ):
+            if value < 1:
+                raise ConfigError(f"$.controller.{key}", "must be at least 1")
+        if config.controller.consent_reviews_per_second <= 0:
+            raise ConfigError("$.controller.consentReviewsPerSecond", "must be positive")
     if config.external_url is not None and not config.external_url.startswith(
         ("https://", "http://")
     ):

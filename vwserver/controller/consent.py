@@ -71,5 +71,6 @@ def missing_grant(*, slice_cluster: str, export_path: str, export_name: str) -> 
         f"workspace {export_path} has not granted workspace {slice_cluster} filtered views of "
         f"APIExport {export_name}: a slice outside the export's workspace is served only if, "
         f'in {export_path}, user "{subject(slice_cluster)}" may "{VERB}" {GROUP} {RESOURCE} '
-        f'"{export_name}" and "access" "/" (see {GRANT_EXAMPLE})'
+        f'"{export_name}" and "access" "/" (see {GRANT_EXAMPLE}); until then vwserver reads '
+        "nothing of the export and tells nothing about it, not even whether it exists"
     )

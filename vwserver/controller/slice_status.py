@@ -15,7 +15,11 @@ status is still written through another).
 A slice serves its export only with the consent of the export's owner (:mod:`.consent`): the
 controller reports the facts (the export's logical cluster, the owner's answer to the consent
 review) and :func:`desired` decides. Anything short of consent is ``APIExportValid=False`` and a
-not-ready route without an upstream URL.
+not-ready route without an upstream URL — and one answer, ``NotPermitted`` with a message built
+from the slice's own names only, whether the export exists or not, whether the workspace exists
+or not, and whether kcp answered the review or refused it: until the owner consented, the status
+must not tell whether anything exists elsewhere (the controller reads nothing of the export
+before that either). Only after consent may it say that the export is missing or unusable.
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECON
 from vwserver.selector import Selector
 
 NOT_PERMITTED = "NotPermitted"
-"""Reason: the export's owner has not granted the slice's workspace (see :mod:`.consent`)."""
-CONSENT_UNKNOWN = "ConsentUnknown"
-"""Reason: whether the owner consents could not be asked (kcp refused vwserver's review)."""
+"""Reason: the export's owner has not (or not yet verifiably) granted the slice's workspace (see
+:mod:`.consent`); also when kcp refused vwserver's review (the log says so, the status cannot
+without telling whether the workspace exists)."""
+TOO_MANY_SLICES = "TooManySlices"
+"""Reason: the slice's workspace has more slices than the controller looks at."""
+TOO_MANY_EXPORTS = "TooManyExports"
+"""Reason: the workspace's slices name more distinct exports than the controller looks at."""
+_READY_REASONS = (NOT_PERMITTED, TOO_MANY_SLICES, TOO_MANY_EXPORTS)
+"""Refusal reasons that ``Ready`` repeats as they are (others are ``APIExportInvalid``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +66,8 @@ class ExportLookup:
     """The export's workspace's answer to the consent review; None: not asked (the slice is in
     the export's own workspace, or the review could not be made)."""
     consent_error: str = ""
-    """Why the consent review could not be made (kcp refused vwserver's review)."""
+    """Why the consent review could not be made (kcp refused vwserver's review): for the log;
+    the status says ``NotPermitted`` as for a refusal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +165,7 @@ def desired(
         not_ready, ready_reason = f"invalid selector: {selector_problem}", "InvalidSelector"
     elif refusal is not None:
         ready_reason, not_ready = refusal
-        if ready_reason not in (NOT_PERMITTED, CONSENT_UNKNOWN):
+        if ready_reason not in _READY_REASONS:
             ready_reason = "APIExportInvalid"
     elif not upstreams:
         ready_reason = "APIExportNotReady"
@@ -242,11 +253,7 @@ def _export_refusal(
         return None
     if lookup.granted is True:
         return None
-    if lookup.consent_error:
-        return CONSENT_UNKNOWN, (
-            f"cannot tell whether workspace {path} grants workspace {slice_cluster} filtered "
-            f"views of APIExport {export_name}: {lookup.consent_error}"
-        )
+    # Refused, or not asked, or kcp refused the review: one answer (see the module docstring).
     return NOT_PERMITTED, consent.missing_grant(
         slice_cluster=slice_cluster, export_path=path, export_name=export_name
     )

@@ -59,18 +59,39 @@ def _unusable(url: object, what: str) -> ApiError:
 class KubeClient:
     """Requests against one API server (``auth.server``'s origin) with one identity."""
 
-    def __init__(self, *, auth: ClientAuth, timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, auth: ClientAuth, timeout: float = 30.0, max_connections: int = 100
+    ) -> None:
+        """``max_connections``: of this client's one connection pool (aiohttp's limit is per
+        session; open watches hold a connection each)."""
         self._auth = auth
         self.origin = kcp.origin(auth.server)
         self._timeout = timeout
+        self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> KubeClient:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._auth.ssl_context()),
+            connector=aiohttp.TCPConnector(
+                ssl=self._auth.ssl_context(), limit=self._max_connections
+            ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
         )
         return self
+
+    @property
+    def connections(self) -> int:
+        """Connections of this client's pool open now (in use or idle), for ``/metrics``."""
+        if self._session is None:
+            return 0
+        connector = self._session.connector
+        if connector is None:
+            return 0
+        # aiohttp keeps the acquired ones in ``_acquired`` and the idle ones per host in
+        # ``_conns``; neither is public API, so a change of aiohttp reads as 0, never raises.
+        acquired = len(getattr(connector, "_acquired", ()))
+        idle = sum(len(v) for v in getattr(connector, "_conns", {}).values())
+        return acquired + idle
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:

@@ -33,6 +33,12 @@ APIEXPORT_ENDPOINT_SLICES: Final = ResourceType(
     APIS_GROUP, "v1alpha1", "apiexportendpointslices", "APIExportEndpointSlice"
 )
 APIBINDINGS: Final = ResourceType(APIS_GROUP, "v1alpha2", "apibindings", "APIBinding")
+LOGICAL_CLUSTERS: Final = ResourceType(
+    "core.kcp.io", "v1alpha1", "logicalclusters", "LogicalCluster"
+)
+"""Every workspace has exactly one, named :data:`LOGICAL_CLUSTER_NAME`; its
+:data:`CLUSTER_ANNOTATION` is the workspace's logical-cluster ID."""
+LOGICAL_CLUSTER_NAME: Final = "cluster"
 
 SLICES: Final = ResourceType(
     "sync.edge-connect.eu",

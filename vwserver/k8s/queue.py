@@ -14,6 +14,11 @@ client-go's workqueue guarantees, for asyncio workers, timed by an injected
 * **Overall rate limit.** Those retries also draw from one token bucket (``rate`` per second,
   ``burst`` at once): when many keys fail together, their retries are spread out rather than
   hammering the server that just failed them.
+* **Fairness (optional).** With ``group`` (a key's tenant, e.g. the slice's workspace) the queue
+  hands out keys round-robin across groups, at most ``max_active_per_group`` of one group at a
+  time, and each group's retries draw from a bucket of its own: a thousand keys of one group
+  delay another group's key by at most one key per group ahead of it, never by the thousand,
+  and one group's failures never spend another's retry budget. Without it: one group, FIFO.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from vwserver.clock import Clock
 from vwserver.k8s.backoff import Backoff
@@ -56,6 +61,17 @@ class TokenBucket:
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
 
+    def take(self) -> float:
+        """Take one token if one is there (0), else take none and say how many seconds until
+        one is (never goes into debt: a caller that is told to wait costs nothing meanwhile)."""
+        now = self._clock.monotonic()
+        self._tokens = min(float(self._burst), self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self._rate
+
 
 class WorkQueue(Generic[K]):
     def __init__(
@@ -65,13 +81,24 @@ class WorkQueue(Generic[K]):
         backoff: Backoff | None = None,
         rate: float = 10.0,
         burst: int = 100,
+        group: Callable[[K], Hashable] | None = None,
+        max_active_per_group: int | None = None,
     ) -> None:
         self._clock = clock
         self._backoff = backoff or Backoff(initial=0.5, maximum=60.0, jitter=0.0)
-        self._bucket = TokenBucket(rate=rate, burst=burst, clock=clock)
-        self._queue: deque[K] = deque()
+        self._rate = rate
+        self._burst = burst
+        self._group: Callable[[K], Hashable] = group or _one_group
+        self._max_active = max_active_per_group
+        self._buckets: dict[Hashable, TokenBucket] = {}
+        # queued keys per group, and the groups that have any in round-robin order
+        self._queues: dict[Hashable, deque[K]] = {}
+        self._ring: deque[Hashable] = deque()
+        self._queued = 0
+        self._active: dict[Hashable, int] = {}
         self._dirty: set[K] = set()
-        self._processing: set[K] = set()
+        self._processing: dict[K, Hashable] = {}
+        """Keys being processed, with the group each was handed out as."""
         self._failures: dict[K, int] = {}
         self._wakeup = asyncio.Event()
         self._shut_down = False
@@ -86,15 +113,50 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         """Keys queued now (not those being processed or waiting for a delay)."""
-        return len(self._queue)
+        return self._queued
+
+    def queued(self, group: Hashable) -> int:
+        """Keys of ``group`` queued now."""
+        return len(self._queues.get(group, ()))
 
     def add(self, key: K) -> None:
         if self._shut_down or key in self._dirty:
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._queue.append(key)
-            self._wakeup.set()
+            self._push(key)
+
+    def _push(self, key: K) -> None:
+        group = self._group(key)
+        queue = self._queues.get(group)
+        if queue is None:
+            queue = self._queues[group] = deque()
+            self._ring.append(group)
+        queue.append(key)
+        self._queued += 1
+        self._wakeup.set()
+
+    def _pop(self, accept: Callable[[Any], bool] | None) -> K | None:
+        """The next key round-robin over the groups that ``accept`` admits and that are below
+        their limit of keys in processing; None if there is none."""
+        for _ in range(len(self._ring)):
+            group = self._ring[0]
+            self._ring.rotate(-1)  # this group's turn is over either way
+            if accept is not None and not accept(group):
+                continue
+            if self._max_active is not None and self._active.get(group, 0) >= self._max_active:
+                continue
+            queue = self._queues[group]
+            key = queue.popleft()
+            self._queued -= 1
+            if not queue:
+                del self._queues[group]
+                self._ring.pop()  # rotated to the end above
+            self._active[group] = self._active.get(group, 0) + 1
+            self._processing[key] = group
+            self._dirty.discard(key)
+            return key
+        return None
 
     def add_after(self, key: K, delay: float) -> None:
         """Add ``key`` after ``delay`` seconds (an earlier pending delay for it wins)."""
@@ -120,9 +182,18 @@ class WorkQueue(Generic[K]):
         """Add a key whose processing failed after its backoff (and the overall rate limit);
         the delay chosen."""
         failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = max(self._backoff.delay(failures), self._bucket.reserve())
+        delay = max(self._backoff.delay(failures), self.bucket(self._group(key)).reserve())
         self.add_after(key, delay)
         return delay
+
+    def bucket(self, group: Hashable) -> TokenBucket:
+        """The retry budget of ``group`` (the queue's one bucket without ``group``)."""
+        bucket = self._buckets.get(group)
+        if bucket is None:
+            bucket = self._buckets[group] = TokenBucket(
+                rate=self._rate, burst=self._burst, clock=self._clock
+            )
+        return bucket
 
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
@@ -131,31 +202,41 @@ class WorkQueue(Generic[K]):
         """The key was processed successfully: its next failure starts the backoff anew."""
         self._failures.pop(key, None)
 
-    async def get(self) -> K:
-        """The next key to process (call :meth:`done` after); raises QueueShutDown."""
-        while not self._queue:
+    async def get(self, *, accept: Callable[[Any], bool] | None = None) -> K:
+        """The next key to process (call :meth:`done` after); raises QueueShutDown.
+        ``accept``: only keys of the groups it admits (a worker reserved for some groups)."""
+        while (key := self._pop(accept)) is None:
             if self._shut_down:
                 raise QueueShutDown
             self._wakeup.clear()
             await self._wakeup.wait()
-        key = self._queue.popleft()
-        self._processing.add(key)
-        self._dirty.discard(key)
         return key
 
     def done(self, key: K) -> None:
-        self._processing.discard(key)
+        group = self._processing.pop(key, None)
+        if group is not None:
+            active = self._active[group] - 1
+            if active:
+                self._active[group] = active
+            else:
+                del self._active[group]
         if key in self._dirty:
-            self._queue.append(key)
-            self._wakeup.set()
+            self._push(key)
+        self._wakeup.set()  # a slot of the key's group is free again
 
-    async def work(self, handle: Callable[[K], Awaitable[None]]) -> None:
+    async def work(
+        self,
+        handle: Callable[[K], Awaitable[None]],
+        *,
+        accept: Callable[[Any], bool] | None = None,
+    ) -> None:
         """One worker: ``handle`` each key it gets, marking it done afterwards (also when
         ``handle`` raises, which ends the worker), until the queue shuts down. Run several for
-        concurrency; one key is still never handled twice at once."""
+        concurrency; one key is still never handled twice at once. ``accept``: as for
+        :meth:`get`."""
         while True:
             try:
-                key = await self.get()
+                key = await self.get(accept=accept)
             except QueueShutDown:
                 return
             try:
@@ -194,3 +275,7 @@ class WorkQueue(Generic[K]):
                 sleep.cancel()
                 rearm.cancel()
         self._timer_due = math.inf
+
+
+def _one_group(key: object) -> Hashable:
+    return None
