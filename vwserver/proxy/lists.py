@@ -10,6 +10,20 @@ Memory is bounded by one upstream page, never by the size of the list:
   ``listPageSize`` and writing each page's matching items as soon as it has them. The response is
   one list; its resourceVersion is the first page's, which is the snapshot every page is read at.
 
+A slice that records holds cannot push its own selector down (an object it holds is in it
+whatever its labels), so kcp's pages may hold little or nothing it sees. A client page is then
+filled from further upstream pages — but the work one client page costs kcp is bounded, whatever
+the data (:data:`MAX_UPSTREAM_PAGES`): after the client's own page, the proxy asks for pages of at
+least ``listPageSize`` (never just the missing count, which made ``limit=1`` cost one LIST per
+object kcp had to skip), at most :data:`FILL_ROUNDS` pages in all; then it answers with what it
+found — possibly a short or empty page with a continue token, which the Kubernetes list contract
+allows and every pager follows. The continue token always resumes right after the last upstream
+entry the proxy consumed, and it is always kcp's own: where the client's page fills up in the
+middle of an upstream page, the proxy reads that page's beginning again (the same continue token
+with the consumed count as the limit: a continue token reads the snapshot it was issued at, so
+the same entries in the same order) and hands out that read's token. The proxy mints no tokens
+of its own, so there is nothing a client could forge to make it skip or repeat entries.
+
 Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
 went out, the connection is aborted rather than closed cleanly, so the client sees a broken
 response, never a short list that looks complete.
@@ -21,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 from aiohttp import web
@@ -35,6 +50,7 @@ from vwserver.proxy.filtering import (
     Page,
     UndecodableError,
     decode_page,
+    entry_head,
     list_fields,
     list_header,
     strip_row_object,
@@ -49,6 +65,13 @@ from vwserver.proxy.yamlout import YAML_CONTENT_TYPE
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
+
+FILL_ROUNDS: Final = 3
+"""Upstream pages read at most for one client page of a slice that records holds: the client's
+own limit first, then pages of at least the page size."""
+MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 1
+"""Upstream LISTs one client page costs at most: the fill rounds, and one re-read of the
+beginning of a page the client's page filled up in (for the continue token after it)."""
 
 
 async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
@@ -82,10 +105,9 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     filled: list[bytes | msgspec.Raw] | None = None
     limit = int(ctx.options.get("limit") or 0)
     if holds and client_pages and limit:
-        # kcp filled its page without the slice's selector: fill the client's page from as many
-        # upstream pages as it takes, each asking for no more than is still missing (so no page
-        # is cut in two), and hand out the last one's continue token — as the apiserver fills
-        # a page with the objects its predicate takes.
+        # kcp filled its page without the slice's selector: fill the client's page from a few
+        # more upstream pages (as the apiserver fills a page with the objects its predicate
+        # takes), bounded (see the module docstring).
         filled, token = await _fill(ctx, page, query, headers, limit=limit, client=client)
     writer = _ListWriter(
         page,
@@ -195,21 +217,76 @@ async def _fill(
     limit: int,
     client: Selector,
 ) -> tuple[list[bytes | msgspec.Raw], str]:
-    """Up to ``limit`` entries the slice sees, from ``page`` and the upstream pages after it;
-    and the continue token after the last page read."""
+    """Up to ``limit`` entries the slice sees, from ``page`` (read with the client's own limit,
+    so that all of it fits) and from at most ``FILL_ROUNDS - 1`` upstream pages after it; and
+    the continue token that resumes right after the last upstream entry consumed."""
     visible: list[bytes | msgspec.Raw] = list(page.members(ctx.member, client))
     later = [
         (k, v)
         for k, v in query
         if k not in ("resourceVersion", "resourceVersionMatch", "limit", "continue")
     ]
-    while len(visible) < limit and page.continue_token:
-        missing = str(limit - len(visible))
-        page = await _fetch(
-            ctx, [*later, ("limit", missing), ("continue", page.continue_token)], headers
-        )
-        visible += page.members(ctx.member, client)
+    rounds = 1
+    while len(visible) < limit and page.continue_token and rounds < FILL_ROUNDS:
+        missing = limit - len(visible)
+        start = page.continue_token
+        size = max(missing, ctx.page_size)
+        page = await _fetch(ctx, [*later, ("limit", str(size)), ("continue", start)], headers)
+        rounds += 1
+        taken, consumed = _take(page, ctx, client, want=missing)
+        visible += taken
+        if consumed < len(page.entries):
+            token = await _token_after(ctx, later, headers, start=start, page=page, count=consumed)
+            return visible, token
     return visible, page.continue_token
+
+
+def _take(
+    page: Page, ctx: ProxyRequest, client: Selector, *, want: int
+) -> tuple[list[bytes | msgspec.Raw], int]:
+    """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer), and how
+    many of the page's entries that consumed."""
+    shown = page.members(ctx.member, client)
+    if len(shown) <= want:
+        return shown, len(page.entries)
+    taken: list[bytes | msgspec.Raw] = []
+    for index in range(len(page.entries)):
+        taken += page.part(index, index + 1).members(ctx.member, client)
+        if len(taken) == want:
+            return taken, index + 1
+    raise AssertionError("members() of a page are the members of its entries")
+
+
+async def _token_after(
+    ctx: ProxyRequest,
+    later: list[tuple[str, str]],
+    headers: CIMultiDict[str],
+    *,
+    start: str,
+    page: Page,
+    count: int,
+) -> str:
+    """kcp's continue token right after the first ``count`` entries of ``page``, which was read
+    with continue token ``start``: those entries read again (nothing of them is shown), checked
+    to be the same — else the token would skip or repeat entries, and the request fails."""
+    again = await _fetch(ctx, [*later, ("limit", str(count)), ("continue", start)], headers)
+    if (
+        len(again.entries) != count
+        or not again.continue_token
+        or _identity(again, count - 1) != _identity(page, count - 1)
+    ):
+        raise BadGateway("upstream answered a list page differently when it was read again")
+    return again.continue_token
+
+
+def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
+    """What identifies entry ``index`` of ``page``: its object's uid, resourceVersion, namespace
+    and name (the bytes of a Table row without an object)."""
+    head = entry_head(page.entries[index], table=page.is_table)
+    if head is None:
+        return bytes(page.entries[index])
+    meta = head.metadata
+    return (meta.uid, meta.resourceVersion, meta.namespace, meta.name)
 
 
 async def _fetch(
