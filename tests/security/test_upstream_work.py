@@ -13,7 +13,8 @@ representation, following the continue chain to its end. For every example:
     (counted by vwserver's ``vwserver_upstream_requests_total``), no page is longer than the
     limit, and the chain makes progress: a page that is not full consumed at least the fill
     rounds' worth of upstream entries;
-(c) every upstream LIST carried the client's label and field selectors (pushed down).
+(c) every upstream LIST carried the client's label and field selectors (pushed down; a field
+    selector naming one namespace as that namespace's collection, as the apiserver reads it).
 
 The namespace field selector is what makes the cache leave these LISTs to kcp.
 """
@@ -33,6 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from fakekcp.store import ResourceSpec
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
 from tests.security.support import env_int
@@ -60,6 +62,7 @@ ACCEPT = {
     "table": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
     "partial": "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json",
 }
+GADGET = {"apiVersion": "example.io/v1alpha1", "kind": "Gadget"}
 KINDS = ("mine", "other", "unlabelled", "held-leaving", "held-mine", "held-by-other")
 
 
@@ -276,7 +279,12 @@ async def run_example(world: World, ex: Example) -> None:
         lists = [r for r in world.fake.faults.requests if r.path.endswith("/widgets")]
         assert len(lists) == costs[-1], lists
         for r in lists:
-            assert r.query.get("fieldSelector") == fields, r.query
+            if ex.wildcard:
+                assert r.query.get("fieldSelector") == fields, r.query
+            else:  # a field selector naming one namespace is asked as that namespace's LIST
+                assert r.path.endswith(f"/namespaces/{namespaces[ex.namespace]}/widgets"), r.path
+                rest = f"metadata.name!={ex.not_named}" if ex.not_named else None
+                assert r.query.get("fieldSelector") == rest, r.query
             pushed = Selector.parse(r.query.get("labelSelector", ""))
             assert pushed.render() == client.render(), r.query
         got += names
@@ -318,3 +326,38 @@ async def test_paged_lists_kcp_answers_are_complete_and_bounded(world: World) ->
     # event loop, which keeps running meanwhile.
     await asyncio.to_thread(property_)
     assert len(ran) >= min(EXAMPLES, 10)
+
+
+async def test_a_namespace_field_selector_on_a_cluster_scoped_resource_is_asked_as_sent() -> None:
+    """A LIST naming one namespace in its field selector is asked as that namespace's LIST; a
+    cluster-scoped resource has none (404), so it is then asked as the client sent it — and
+    answers what kcp answers for it (no object has that namespace)."""
+    gadgets = ResourceSpec(plural="gadgets", kind="Gadget", namespaced=False)
+    fake_upstream = FakeUpstream(resources=[ResourceSpec(), gadgets])
+    async with start_fake_upstream(fake_upstream) as (fake, vw_url):
+        fake.create(
+            cluster="c1", obj={**GADGET, "metadata": {"name": "g1", "labels": {"region": "a"}}}
+        )
+        origin = vw_url.removesuffix(fake.base_path)
+        auth = ClientAuth(server=origin, token=PROXY_TOKEN)
+        route = Route(
+            cluster=SLICE_CLUSTER,
+            name="a",
+            selector=Selector.parse("region=a"),
+            upstream_url=vw_url,
+        )
+        app = build_app(
+            routes=Routes(RouteTable([route])), upstream=UpstreamClient(auth=auth), guard=NO_AUTH
+        )
+        async with serve_app(app) as base, aiohttp.ClientSession() as session:
+            prefix = f"{base}/services/filtered-apiexport/{SLICE_CLUSTER}/a/clusters/c1/{API}"
+            for fields, names in (("metadata.namespace=ns1", []), ("metadata.namespace=", ["g1"])):
+                fake.faults.requests.clear()
+                params = {"fieldSelector": fields, "limit": "5"}
+                async with session.get(f"{prefix}/gadgets", params=params) as resp:
+                    assert resp.status == 200, await resp.text()
+                    doc = await resp.json()
+                assert [i["metadata"]["name"] for i in doc["items"]] == names
+                paths = [r.path.split(f"/{API}", 1)[1] for r in fake.faults.requests]
+                narrowed = ["/namespaces/ns1/gadgets"] if names == [] else []
+                assert paths == [*narrowed, "/gadgets"], paths

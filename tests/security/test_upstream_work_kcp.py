@@ -104,7 +104,10 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
             token = doc["metadata"].get("continue", "")
             if not token:
                 break
-        print(f"limit=1 through a slice that records holds: {len(costs)} pages, kcp LISTs {costs}")
+        print(
+            f"limit=1 through a slice that records holds: {len(costs)} pages, kcp LISTs {costs}",
+            names,
+        )
         assert names == ["0-first", "z-match"]
         assert max(costs) <= MAX_UPSTREAM_PAGES, costs
         # The second page skips 1000 objects in upstream pages that grow to the page size.
@@ -125,16 +128,23 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
         # resume right after that one.
         other = f"{slice_url(base, world, 'b', crowd.ws.cluster)}/{API}/widgets"
         seen: list[str] = []
+        costs = []
         token = ""
         while True:
             params = {"limit": "400" if token else "5", "fieldSelector": query["fieldSelector"]}
             if token:
                 params["continue"] = token
+            before = await sample(client, base, UPSTREAM, method="GET")
             async with client.get(other, params=params, headers={"Accept": accept}) as resp:
                 assert resp.status == 200, await resp.text()
                 doc = await resp.json()
+            costs.append(await sample(client, base, UPSTREAM, method="GET") - before)
             seen += _names(doc)
             token = doc["metadata"].get("continue", "")
             if not token:
                 break
+        print(f"limit=5, then 400 through the other slice: kcp LISTs {costs}")
         assert seen == [f"a-{i:04d}" for i in range(OTHERS)]
+        # the first page: kcp's page of 5, the page of 500 it filled up in, and that page's
+        # first object read again (for kcp's continue token after it)
+        assert costs[0] == 3 and max(costs) <= MAX_UPSTREAM_PAGES, costs

@@ -34,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 import msgspec
@@ -96,11 +98,10 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     query = ctx.upstream_query(
         extra=extra, drop=() if client_pages else ("limit",), with_slice=not holds
     )
-    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
-        if up.status != 200:
-            return await relay_whole(up)
-        page = _decode(await read_body(up))
-        response = web.StreamResponse(status=200, headers=response_headers(up))
+    first = await _first_page(ctx, query, headers)
+    if isinstance(first, web.Response):
+        return first
+    url, query, page, response = first
     token = page.continue_token if client_pages else ""
     filled: list[bytes | msgspec.Raw] | None = None
     limit = int(ctx.options.get("limit") or 0)
@@ -108,7 +109,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         # kcp filled its page without the slice's selector: fill the client's page from a few
         # more upstream pages (as the apiserver fills a page with the objects its predicate
         # takes), bounded (see the module docstring).
-        filled, token = await _fill(ctx, page, query, headers, limit=limit, client=client)
+        filled, token = await _fill(ctx, url, page, query, headers, limit=limit, client=client)
     writer = _ListWriter(
         page,
         continue_token=token,
@@ -129,7 +130,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 # Fetch the next page while this one is filtered and written: the upstream's
                 # work overlaps the proxy's, and at most two pages are held at once.
                 following = asyncio.ensure_future(
-                    _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
+                    _fetch(ctx, url, [*later, ("continue", page.continue_token)], headers)
                 )
             visible: Sequence[bytes | msgspec.Raw]
             if filled is not None:
@@ -210,6 +211,7 @@ class _ListWriter:
 
 async def _fill(
     ctx: ProxyRequest,
+    url: str,
     page: Page,
     query: list[tuple[str, str]],
     headers: CIMultiDict[str],
@@ -231,12 +233,14 @@ async def _fill(
         missing = limit - len(visible)
         start = page.continue_token
         size = max(missing, ctx.page_size)
-        page = await _fetch(ctx, [*later, ("limit", str(size)), ("continue", start)], headers)
+        page = await _fetch(ctx, url, [*later, ("limit", str(size)), ("continue", start)], headers)
         rounds += 1
         taken, consumed = _take(page, ctx, client, want=missing)
         visible += taken
         if consumed < len(page.entries):
-            token = await _token_after(ctx, later, headers, start=start, page=page, count=consumed)
+            token = await _token_after(
+                ctx, url, later, headers, start=start, page=page, count=consumed
+            )
             return visible, token
     return visible, page.continue_token
 
@@ -259,6 +263,7 @@ def _take(
 
 async def _token_after(
     ctx: ProxyRequest,
+    url: str,
     later: list[tuple[str, str]],
     headers: CIMultiDict[str],
     *,
@@ -269,7 +274,7 @@ async def _token_after(
     """kcp's continue token right after the first ``count`` entries of ``page``, which was read
     with continue token ``start``: those entries read again (nothing of them is shown), checked
     to be the same — else the token would skip or repeat entries, and the request fails."""
-    again = await _fetch(ctx, [*later, ("limit", str(count)), ("continue", start)], headers)
+    again = await _fetch(ctx, url, [*later, ("limit", str(count)), ("continue", start)], headers)
     if (
         len(again.entries) != count
         or not again.continue_token
@@ -289,10 +294,62 @@ def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
     return (meta.uid, meta.resourceVersion, meta.namespace, meta.name)
 
 
-async def _fetch(
+async def _first_page(
     ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> tuple[str, list[tuple[str, str]], Page, web.StreamResponse] | web.Response:
+    """The first upstream page, with the URL and query it was read with (the later pages'),
+    and the response to stream it in; or the upstream's error, relayed.
+
+    A LIST of every namespace whose field selector names one namespace is asked as a LIST of
+    that namespace (:func:`single_namespace`): kcp's first page of the former carries a
+    continue token relative to the namespace, which kcp then reads as relative to the whole
+    collection — the next page starts over (kcp v0.32.3, on the APIExport virtual workspace and
+    on a workspace alike). The apiserver narrows such a list to the namespace itself
+    (``genericregistry.Store.ListPredicate``), so the answers are the same; a resource that has
+    no namespaced collection (404: cluster-scoped) is asked as the client asked."""
+    targets = [(ctx.upstream_url, query)]
+    narrowed = single_namespace(ctx.options.get("fieldSelector") or "")
+    if narrowed is not None and not ctx.api.namespace and ctx.path.cluster != "*":
+        namespace, rest = narrowed
+        api = replace(ctx.api, namespace=namespace)
+        fields = [("fieldSelector", rest)] if rest else []
+        plain = [(k, v) for k, v in query if k != "fieldSelector"]
+        targets.insert(0, (f"{ctx.cluster_base}{api.path}", [*plain, *fields]))
+    for attempt, (url, asked) in enumerate(targets, start=1):
+        async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
+            if up.status == 404 and attempt < len(targets):
+                continue
+            if up.status != 200:
+                return await relay_whole(up)
+            page = _decode(await read_body(up))
+            return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
+    raise AssertionError("the last target's answer is returned")
+
+
+_NAMESPACE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def single_namespace(fields: str) -> tuple[str, str] | None:
+    """The one namespace a field selector requires (``metadata.namespace=X`` or ``==X``, X a
+    valid namespace name, once), and the selector's other terms; None if it requires none."""
+    if "\\" in fields:
+        return None  # escaped values: kcp reads them
+    terms = [t.strip() for t in fields.split(",")] if fields else []
+    found: list[tuple[int, str]] = []
+    for index, term in enumerate(terms):
+        key, equals, value = term.partition("==") if "==" in term else term.partition("=")
+        if equals and not key.endswith("!") and key.strip() == "metadata.namespace":
+            found.append((index, value.strip()))
+    if len(found) != 1 or not _NAMESPACE_NAME.fullmatch(found[0][1]):
+        return None
+    index, namespace = found[0]
+    return namespace, ",".join(t for i, t in enumerate(terms) if i != index)
+
+
+async def _fetch(
+    ctx: ProxyRequest, url: str, query: list[tuple[str, str]], headers: CIMultiDict[str]
 ) -> Page:
-    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
+    async with ctx.upstream.request("GET", url, query=query, headers=headers) as up:
         if up.status != 200:
             # e.g. 410 when the snapshot expired mid-list: the client must relist.
             raise BadGateway(f"upstream answered {up.status} for a later list page")
