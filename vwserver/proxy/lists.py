@@ -12,17 +12,22 @@ Memory is bounded by one upstream page, never by the size of the list:
 
 A slice that records holds cannot push its own selector down (an object it holds is in it
 whatever its labels), so kcp's pages may hold little or nothing it sees. A client page is then
-filled from further upstream pages — but the work one client page costs kcp is bounded, whatever
-the data (:data:`MAX_UPSTREAM_PAGES`): after the client's own page, the proxy asks for pages of at
-least ``listPageSize`` (never just the missing count, which made ``limit=1`` cost one LIST per
-object kcp had to skip), at most :data:`FILL_ROUNDS` pages in all; then it answers with what it
-found — possibly a short or empty page with a continue token, which the Kubernetes list contract
-allows and every pager follows. The continue token always resumes right after the last upstream
-entry the proxy consumed, and it is always kcp's own: where the client's page fills up in the
-middle of an upstream page, the proxy reads that page's beginning again (the same continue token
-with the consumed count as the limit: a continue token reads the snapshot it was issued at, so
-the same entries in the same order) and hands out that read's token. The proxy mints no tokens
-of its own, so there is nothing a client could forge to make it skip or repeat entries.
+filled from further upstream pages, with bounded work (:func:`_fill`): after the client's own
+page, the proxy asks for pages of at least ``listPageSize`` (never just the missing count, which
+made ``limit=1`` cost one LIST per object kcp had to skip), and once the client's page holds an
+entry it reads at most :data:`FILL_ROUNDS` pages in all, then answers with what it found — a
+short page with a continue token, which the Kubernetes list contract allows and every pager
+follows. The continue token is always kcp's own, from right after the last entry the client
+got: kcp's tokens name the key of the entry they follow, and one after an object the slice does
+not see would tell the client that it exists. So a client page never ends on such an object:
+where it ends inside an upstream page, the proxy reads that page again up to there (the same
+continue token with that count as the limit — a continue token reads the snapshot it was issued
+at, so the same entries in the same order; the list's first page at its resourceVersion,
+exactly) and hands out that read's token. And a page is never empty unless the list ended: up to
+its first entry the proxy reads on, ``listPageSize`` objects per upstream page, which costs kcp
+what listing those objects costs (as the apiserver fills a selector-filtered page). The proxy
+mints no tokens of its own, so there is nothing a client could forge to make it skip or repeat
+entries.
 
 Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
 went out, the connection is aborted rather than closed cleanly, so the client sees a broken
@@ -36,7 +41,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 import msgspec
@@ -69,11 +74,12 @@ from vwserver.selector import Selector
 log = logging.getLogger(__name__)
 
 FILL_ROUNDS: Final = 3
-"""Upstream pages read at most for one client page of a slice that records holds: the client's
-own limit first, then pages of at least the page size."""
+"""Upstream pages read at most for one client page of a slice that records holds, once it holds
+an entry: the client's own limit first, then pages of at least the page size."""
 MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 1
-"""Upstream LISTs one client page costs at most: the fill rounds, and one re-read of the
-beginning of a page the client's page filled up in (for the continue token after it)."""
+"""Upstream LISTs one client page costs at most, beyond the pages of objects the slice does not
+see before its first entry: the fill rounds, and one re-read of the beginning of the upstream
+page the client's page ends in (for kcp's continue token after its last entry)."""
 
 
 async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
@@ -209,6 +215,15 @@ class _ListWriter:
         return self._tail
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One upstream page the proxy read for a client page, and the continue token it was read
+    with ("": the list's first page, read at ``page.resource_version``)."""
+
+    page: Page
+    start: str
+
+
 async def _fill(
     ctx: ProxyRequest,
     url: str,
@@ -220,44 +235,59 @@ async def _fill(
     client: Selector,
 ) -> tuple[list[bytes | msgspec.Raw], str]:
     """Up to ``limit`` entries the slice sees, from ``page`` (read with the client's own limit,
-    so that all of it fits) and from at most ``FILL_ROUNDS - 1`` upstream pages after it; and
-    the continue token that resumes right after the last upstream entry consumed."""
-    visible: list[bytes | msgspec.Raw] = list(page.members(ctx.member, client))
+    so that all of it fits) and the upstream pages after it — at most :data:`FILL_ROUNDS` pages
+    once the client's page holds anything (else until it does, or the list ends) — and the
+    continue token after the last of them (empty when nothing the slice sees follows).
+
+    The token is always kcp's, from right after an entry the client gets: a continue token
+    names the key of the entry it follows (``{"start": "<namespace>/<name>\\u0000"}``), so a
+    token after an entry the slice does not see would tell the client that this object exists.
+    So the client's page ends after its last entry, and an upstream page cut there is read
+    again up to the cut for kcp's token after it (:func:`_token_after`)."""
     later = [
         (k, v)
         for k, v in query
         if k not in ("resourceVersion", "resourceVersionMatch", "limit", "continue")
     ]
+    current = _Read(page, ctx.options.get("continue") or "")
+    visible, end, rest = _take(page, ctx, client, want=limit)
+    last = (current, end) if visible else None
     rounds = 1
-    while len(visible) < limit and page.continue_token and rounds < FILL_ROUNDS:
-        missing = limit - len(visible)
-        start = page.continue_token
-        size = max(missing, ctx.page_size)
-        page = await _fetch(ctx, url, [*later, ("limit", str(size)), ("continue", start)], headers)
+    while len(visible) < limit and current.page.continue_token:
+        if rounds >= FILL_ROUNDS and visible:
+            break  # enough work for this page: the client asks for the next one
+        start = current.page.continue_token
+        size = max(limit - len(visible), ctx.page_size)
+        asked = [*later, ("limit", str(size)), ("continue", start)]
+        current = _Read(await _fetch(ctx, url, asked, headers), start)
         rounds += 1
-        taken, consumed = _take(page, ctx, client, want=missing)
-        visible += taken
-        if consumed < len(page.entries):
-            token = await _token_after(
-                ctx, url, later, headers, start=start, page=page, count=consumed
-            )
-            return visible, token
-    return visible, page.continue_token
+        taken, end, rest = _take(current.page, ctx, client, want=limit - len(visible))
+        if taken:
+            visible += taken
+            last = (current, end)
+    if not rest and not current.page.continue_token:
+        return visible, ""  # the list ended, and all the slice sees of it is on this page
+    assert last is not None, "the loop ends early only once the client's page holds entries"
+    read, count = last
+    if count == len(read.page.entries):
+        return visible, read.page.continue_token
+    return visible, await _token_after(ctx, url, later, headers, read=read, count=count)
 
 
 def _take(
     page: Page, ctx: ProxyRequest, client: Selector, *, want: int
-) -> tuple[list[bytes | msgspec.Raw], int]:
-    """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer), and how
-    many of the page's entries that consumed."""
+) -> tuple[list[bytes | msgspec.Raw], int, bool]:
+    """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer); how many
+    of the page's entries precede the next one (up to and including the last one taken); and
+    whether the page holds more that the slice sees."""
     shown = page.members(ctx.member, client)
-    if len(shown) <= want:
-        return shown, len(page.entries)
+    if not shown:
+        return shown, 0, False
     taken: list[bytes | msgspec.Raw] = []
     for index in range(len(page.entries)):
         taken += page.part(index, index + 1).members(ctx.member, client)
-        if len(taken) == want:
-            return taken, index + 1
+        if len(taken) == min(want, len(shown)):
+            return taken, index + 1, len(shown) > want
     raise AssertionError("members() of a page are the members of its entries")
 
 
@@ -267,18 +297,25 @@ async def _token_after(
     later: list[tuple[str, str]],
     headers: CIMultiDict[str],
     *,
-    start: str,
-    page: Page,
+    read: _Read,
     count: int,
 ) -> str:
-    """kcp's continue token right after the first ``count`` entries of ``page``, which was read
-    with continue token ``start``: those entries read again (nothing of them is shown), checked
-    to be the same — else the token would skip or repeat entries, and the request fails."""
-    again = await _fetch(ctx, url, [*later, ("limit", str(count)), ("continue", start)], headers)
+    """kcp's continue token right after the first ``count`` entries of ``read``: those entries
+    read again (nothing of them is shown) — a continue token reads the snapshot it was issued
+    at, and the list's first page is read again at its resourceVersion, exactly — and checked
+    to be the same, else the token would skip or repeat entries, and the request fails."""
+    if read.start:
+        at = [("continue", read.start)]
+    else:
+        at = [
+            ("resourceVersion", read.page.resource_version),
+            ("resourceVersionMatch", "Exact"),
+        ]
+    again = await _fetch(ctx, url, [*later, ("limit", str(count)), *at], headers)
     if (
         len(again.entries) != count
         or not again.continue_token
-        or _identity(again, count - 1) != _identity(page, count - 1)
+        or _identity(again, count - 1) != _identity(read.page, count - 1)
     ):
         raise BadGateway("upstream answered a list page differently when it was read again")
     return again.continue_token
