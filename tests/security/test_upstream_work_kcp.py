@@ -12,6 +12,8 @@ are counted by vwserver's own ``vwserver_upstream_requests_total``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -145,3 +147,41 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
         # the first page: kcp's page of 5, the page of 500 it filled up in, and that page's
         # first object read again (for kcp's continue token after it)
         assert costs[0] == 3 and max(costs) <= MAX_UPSTREAM_PAGES, costs
+
+
+async def test_a_short_page_ends_on_its_own_last_object(
+    kcp: KcpInstance, world: Bootstrap, crowd: Crowd
+) -> None:
+    """With a small page size the rounds run out before ``z-match``: the first page is short
+    (``0-first``), and its continue token follows ``0-first`` — kcp's first page read again
+    up to there at its resourceVersion — never one of the objects of the other slice the proxy
+    read past (a token names the object it follows). The next page reads on to ``z-match``,
+    one LIST per page size of objects it does not see."""
+    page_size = 100
+    slices = {"a": Selector.parse("region=a")}
+    async with (
+        slices_over_kcp(kcp, world, slices=slices, page_size=page_size, cache=True) as base,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client,
+    ):
+        url = f"{slice_url(base, world, 'a', crowd.ws.cluster)}/{API}/widgets"
+        query = {"limit": "2", "fieldSelector": f"metadata.namespace={crowd.namespace}"}
+        pages: list[tuple[list[str], float, str]] = []
+        token = ""
+        while True:
+            before = await sample(client, base, UPSTREAM, method="GET")
+            params = {**query, "continue": token} if token else query
+            async with client.get(url, params=params) as resp:
+                assert resp.status == 200, await resp.text()
+                doc = await resp.json()
+            token = doc["metadata"].get("continue", "")
+            cost = await sample(client, base, UPSTREAM, method="GET") - before
+            pages.append((_names(doc), cost, token))
+            if not token:
+                break
+        print(f"limit=2, page size {page_size}: {[(names, cost) for names, cost, _ in pages]}")
+        assert [names for names, _, _ in pages] == [["0-first"], ["z-match"]], pages
+        first_token = pages[0][2]
+        start = json.loads(base64.urlsafe_b64decode(first_token + "=" * (-len(first_token) % 4)))
+        assert start["start"].rstrip("\0").rsplit("/", 1)[-1] == "0-first", start
+        assert pages[0][1] == MAX_UPSTREAM_PAGES, pages  # 2 + 100 + 100 objects, the re-read
+        assert pages[1][1] <= MAX_UPSTREAM_PAGES + -(-OTHERS // page_size), pages
