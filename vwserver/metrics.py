@@ -84,6 +84,15 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        self.upstream_requests = Counter(
+            "vwserver_upstream_requests",
+            "Requests the proxy sent to kcp for its clients, by HTTP method (a LIST page, a GET, "
+            "a write, a watch when it is opened); the shared cache's own list+watch and the "
+            "controller's requests are not counted. Per client request this is bounded (a "
+            "client's LIST page costs at most vwserver.proxy.lists.MAX_UPSTREAM_PAGES).",
+            ["method"],
+            registry=r,
+        )
         self.connections_closed = Counter(
             "vwserver_connections_closed",
             "Client connections the server closed or refused, by reason: client_limit (over "
@@ -163,6 +172,7 @@ class ServerMetrics:
         # as the module says): ``labels()`` takes a lock and checks and copies the labels.
         self._request_counts: dict[tuple[str, str, int], Counter] = {}
         self._request_durations: dict[str, Histogram] = {}
+        self._upstream_counts: dict[str, Counter] = {}
 
     def observe_request(self, *, slice_label: str, verb: str, code: int, seconds: float) -> None:
         """Count one finished slice request and observe its latency (``vwserver_requests``,
@@ -176,6 +186,14 @@ class ServerMetrics:
         if duration is None:
             duration = self._request_durations[verb] = self.request_duration.labels(verb)
         duration.observe(seconds)
+
+    def count_upstream_request(self, method: str) -> None:
+        """Count one request the proxy sends to kcp (``vwserver_upstream_requests``); ``method``
+        is the HTTP method the proxy itself chose (a bounded set)."""
+        count = self._upstream_counts.get(method)
+        if count is None:
+            count = self._upstream_counts[method] = self.upstream_requests.labels(method)
+        count.inc()
 
     def watch_cache(self, stats: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         """Report the shared watch cache's gauges from ``stats`` (one mapping per resource,

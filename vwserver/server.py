@@ -143,6 +143,7 @@ def build_app(
     :mod:`vwserver.controller.handoff`).
     """
     metrics = metrics if metrics is not None else ServerMetrics()
+    upstream.count_requests(metrics.count_upstream_request)
     lifecycle = Lifecycle()
     app = web.Application(client_max_size=MAX_REQUEST_BODY)
     app[ROUTES_KEY] = routes

@@ -34,7 +34,7 @@ apart by a byte search, so the common case costs nothing more (:func:`hidden_by_
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import msgspec
@@ -127,6 +127,10 @@ class Page:
             and not hidden_by_holds(entry, member)
         ]
 
+    def part(self, start: int, stop: int) -> Page:
+        """This page with only its entries ``start:stop``."""
+        return replace(self, entries=self.entries[start:stop], labels=self.labels[start:stop])
+
     def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
         """The entries ``member`` sees (:func:`vwserver.holds.sees`) that match the client's
         ``client`` selector, for a page read without the slice's selector: objects the slice
@@ -161,6 +165,15 @@ class _NoObject:
 
 
 _NO_OBJECT = _NoObject()
+
+
+def entry_head(raw: bytes | msgspec.Raw, *, table: bool) -> ObjectHead | None:
+    """The head of one entry of a page: the item itself, or the object a Table row embeds
+    (None: the row embeds none)."""
+    try:
+        return _row_decoder.decode(raw).object if table else _head_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
 
 
 def decode_page(body: bytes) -> Page:

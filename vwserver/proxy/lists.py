@@ -10,6 +10,25 @@ Memory is bounded by one upstream page, never by the size of the list:
   ``listPageSize`` and writing each page's matching items as soon as it has them. The response is
   one list; its resourceVersion is the first page's, which is the snapshot every page is read at.
 
+A slice that records holds cannot push its own selector down (an object it holds is in it
+whatever its labels), so kcp's pages may hold little or nothing it sees. A client page is then
+filled from further upstream pages, with bounded work (:func:`_fill`): after the client's own
+page, the proxy asks for pages of at least ``listPageSize`` (never just the missing count, which
+made ``limit=1`` cost one LIST per object kcp had to skip), and once the client's page holds an
+entry it reads at most :data:`FILL_ROUNDS` pages in all, then answers with what it found — a
+short page with a continue token, which the Kubernetes list contract allows and every pager
+follows. The continue token is always kcp's own, from right after the last entry the client
+got: kcp's tokens name the key of the entry they follow, and one after an object the slice does
+not see would tell the client that it exists. So a client page never ends on such an object:
+where it ends inside an upstream page, the proxy reads that page again up to there (the same
+continue token with that count as the limit — a continue token reads the snapshot it was issued
+at, so the same entries in the same order; the list's first page at its resourceVersion,
+exactly) and hands out that read's token. And a page is never empty unless the list ended: up to
+its first entry the proxy reads on, ``listPageSize`` objects per upstream page, which costs kcp
+what listing those objects costs (as the apiserver fills a selector-filtered page). The proxy
+mints no tokens of its own, so there is nothing a client could forge to make it skip or repeat
+entries.
+
 Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
 went out, the connection is aborted rather than closed cleanly, so the client sees a broken
 response, never a short list that looks complete.
@@ -20,7 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final
 
 import msgspec
 from aiohttp import web
@@ -35,6 +57,7 @@ from vwserver.proxy.filtering import (
     Page,
     UndecodableError,
     decode_page,
+    entry_head,
     list_fields,
     list_header,
     strip_row_object,
@@ -49,6 +72,14 @@ from vwserver.proxy.yamlout import YAML_CONTENT_TYPE
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
+
+FILL_ROUNDS: Final = 3
+"""Upstream pages read at most for one client page of a slice that records holds, once it holds
+an entry: the client's own limit first, then pages of at least the page size."""
+MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 1
+"""Upstream LISTs one client page costs at most, beyond the pages of objects the slice does not
+see before its first entry: the fill rounds, and one re-read of the beginning of the upstream
+page the client's page ends in (for kcp's continue token after its last entry)."""
 
 
 async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
@@ -73,20 +104,18 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     query = ctx.upstream_query(
         extra=extra, drop=() if client_pages else ("limit",), with_slice=not holds
     )
-    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
-        if up.status != 200:
-            return await relay_whole(up)
-        page = _decode(await read_body(up))
-        response = web.StreamResponse(status=200, headers=response_headers(up))
+    first = await _first_page(ctx, query, headers)
+    if isinstance(first, web.Response):
+        return first
+    url, query, page, response = first
     token = page.continue_token if client_pages else ""
     filled: list[bytes | msgspec.Raw] | None = None
     limit = int(ctx.options.get("limit") or 0)
     if holds and client_pages and limit:
-        # kcp filled its page without the slice's selector: fill the client's page from as many
-        # upstream pages as it takes, each asking for no more than is still missing (so no page
-        # is cut in two), and hand out the last one's continue token — as the apiserver fills
-        # a page with the objects its predicate takes.
-        filled, token = await _fill(ctx, page, query, headers, limit=limit, client=client)
+        # kcp filled its page without the slice's selector: fill the client's page from a few
+        # more upstream pages (as the apiserver fills a page with the objects its predicate
+        # takes), bounded (see the module docstring).
+        filled, token = await _fill(ctx, url, page, query, headers, limit=limit, client=client)
     writer = _ListWriter(
         page,
         continue_token=token,
@@ -107,7 +136,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 # Fetch the next page while this one is filtered and written: the upstream's
                 # work overlaps the proxy's, and at most two pages are held at once.
                 following = asyncio.ensure_future(
-                    _fetch(ctx, [*later, ("continue", page.continue_token)], headers)
+                    _fetch(ctx, url, [*later, ("continue", page.continue_token)], headers)
                 )
             visible: Sequence[bytes | msgspec.Raw]
             if filled is not None:
@@ -186,8 +215,18 @@ class _ListWriter:
         return self._tail
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One upstream page the proxy read for a client page, and the continue token it was read
+    with ("": the list's first page, read at ``page.resource_version``)."""
+
+    page: Page
+    start: str
+
+
 async def _fill(
     ctx: ProxyRequest,
+    url: str,
     page: Page,
     query: list[tuple[str, str]],
     headers: CIMultiDict[str],
@@ -195,27 +234,159 @@ async def _fill(
     limit: int,
     client: Selector,
 ) -> tuple[list[bytes | msgspec.Raw], str]:
-    """Up to ``limit`` entries the slice sees, from ``page`` and the upstream pages after it;
-    and the continue token after the last page read."""
-    visible: list[bytes | msgspec.Raw] = list(page.members(ctx.member, client))
+    """Up to ``limit`` entries the slice sees, from ``page`` (read with the client's own limit,
+    so that all of it fits) and the upstream pages after it — at most :data:`FILL_ROUNDS` pages
+    once the client's page holds anything (else until it does, or the list ends) — and the
+    continue token after the last of them (empty when nothing the slice sees follows).
+
+    The token is always kcp's, from right after an entry the client gets: a continue token
+    names the key of the entry it follows (``{"start": "<namespace>/<name>\\u0000"}``), so a
+    token after an entry the slice does not see would tell the client that this object exists.
+    So the client's page ends after its last entry, and an upstream page cut there is read
+    again up to the cut for kcp's token after it (:func:`_token_after`)."""
     later = [
         (k, v)
         for k, v in query
         if k not in ("resourceVersion", "resourceVersionMatch", "limit", "continue")
     ]
-    while len(visible) < limit and page.continue_token:
-        missing = str(limit - len(visible))
-        page = await _fetch(
-            ctx, [*later, ("limit", missing), ("continue", page.continue_token)], headers
-        )
-        visible += page.members(ctx.member, client)
-    return visible, page.continue_token
+    current = _Read(page, ctx.options.get("continue") or "")
+    visible, end, rest = _take(page, ctx, client, want=limit)
+    last = (current, end) if visible else None
+    rounds = 1
+    while len(visible) < limit and current.page.continue_token:
+        if rounds >= FILL_ROUNDS and visible:
+            break  # enough work for this page: the client asks for the next one
+        start = current.page.continue_token
+        size = max(limit - len(visible), ctx.page_size)
+        asked = [*later, ("limit", str(size)), ("continue", start)]
+        current = _Read(await _fetch(ctx, url, asked, headers), start)
+        rounds += 1
+        taken, end, rest = _take(current.page, ctx, client, want=limit - len(visible))
+        if taken:
+            visible += taken
+            last = (current, end)
+    if not rest and not current.page.continue_token:
+        return visible, ""  # the list ended, and all the slice sees of it is on this page
+    assert last is not None, "the loop ends early only once the client's page holds entries"
+    read, count = last
+    if count == len(read.page.entries):
+        return visible, read.page.continue_token
+    return visible, await _token_after(ctx, url, later, headers, read=read, count=count)
+
+
+def _take(
+    page: Page, ctx: ProxyRequest, client: Selector, *, want: int
+) -> tuple[list[bytes | msgspec.Raw], int, bool]:
+    """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer); how many
+    of the page's entries precede the next one (up to and including the last one taken); and
+    whether the page holds more that the slice sees."""
+    shown = page.members(ctx.member, client)
+    if not shown:
+        return shown, 0, False
+    taken: list[bytes | msgspec.Raw] = []
+    for index in range(len(page.entries)):
+        taken += page.part(index, index + 1).members(ctx.member, client)
+        if len(taken) == min(want, len(shown)):
+            return taken, index + 1, len(shown) > want
+    raise AssertionError("members() of a page are the members of its entries")
+
+
+async def _token_after(
+    ctx: ProxyRequest,
+    url: str,
+    later: list[tuple[str, str]],
+    headers: CIMultiDict[str],
+    *,
+    read: _Read,
+    count: int,
+) -> str:
+    """kcp's continue token right after the first ``count`` entries of ``read``: those entries
+    read again (nothing of them is shown) — a continue token reads the snapshot it was issued
+    at, and the list's first page is read again at its resourceVersion, exactly — and checked
+    to be the same, else the token would skip or repeat entries, and the request fails."""
+    if read.start:
+        at = [("continue", read.start)]
+    else:
+        at = [
+            ("resourceVersion", read.page.resource_version),
+            ("resourceVersionMatch", "Exact"),
+        ]
+    again = await _fetch(ctx, url, [*later, ("limit", str(count)), *at], headers)
+    if (
+        len(again.entries) != count
+        or not again.continue_token
+        or _identity(again, count - 1) != _identity(read.page, count - 1)
+    ):
+        raise BadGateway("upstream answered a list page differently when it was read again")
+    return again.continue_token
+
+
+def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
+    """What identifies entry ``index`` of ``page``: its object's uid, resourceVersion, namespace
+    and name (the bytes of a Table row without an object)."""
+    head = entry_head(page.entries[index], table=page.is_table)
+    if head is None:
+        return bytes(page.entries[index])
+    meta = head.metadata
+    return (meta.uid, meta.resourceVersion, meta.namespace, meta.name)
+
+
+async def _first_page(
+    ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> tuple[str, list[tuple[str, str]], Page, web.StreamResponse] | web.Response:
+    """The first upstream page, with the URL and query it was read with (the later pages'),
+    and the response to stream it in; or the upstream's error, relayed.
+
+    A LIST of every namespace whose field selector names one namespace is asked as a LIST of
+    that namespace (:func:`single_namespace`): kcp's first page of the former carries a
+    continue token relative to the namespace, which kcp then reads as relative to the whole
+    collection — the next page starts over (kcp v0.32.3, on the APIExport virtual workspace and
+    on a workspace alike). The apiserver narrows such a list to the namespace itself
+    (``genericregistry.Store.ListPredicate``), so the answers are the same; a resource that has
+    no namespaced collection (404: cluster-scoped) is asked as the client asked."""
+    targets = [(ctx.upstream_url, query)]
+    narrowed = single_namespace(ctx.options.get("fieldSelector") or "")
+    if narrowed is not None and not ctx.api.namespace and ctx.path.cluster != "*":
+        namespace, rest = narrowed
+        api = replace(ctx.api, namespace=namespace)
+        fields = [("fieldSelector", rest)] if rest else []
+        plain = [(k, v) for k, v in query if k != "fieldSelector"]
+        targets.insert(0, (f"{ctx.cluster_base}{api.path}", [*plain, *fields]))
+    for attempt, (url, asked) in enumerate(targets, start=1):
+        async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
+            if up.status == 404 and attempt < len(targets):
+                continue
+            if up.status != 200:
+                return await relay_whole(up)
+            page = _decode(await read_body(up))
+            return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
+    raise AssertionError("the last target's answer is returned")
+
+
+_NAMESPACE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def single_namespace(fields: str) -> tuple[str, str] | None:
+    """The one namespace a field selector requires (``metadata.namespace=X`` or ``==X``, X a
+    valid namespace name, once), and the selector's other terms; None if it requires none."""
+    if "\\" in fields:
+        return None  # escaped values: kcp reads them
+    terms = [t.strip() for t in fields.split(",")] if fields else []
+    found: list[tuple[int, str]] = []
+    for index, term in enumerate(terms):
+        key, equals, value = term.partition("==") if "==" in term else term.partition("=")
+        if equals and not key.endswith("!") and key.strip() == "metadata.namespace":
+            found.append((index, value.strip()))
+    if len(found) != 1 or not _NAMESPACE_NAME.fullmatch(found[0][1]):
+        return None
+    index, namespace = found[0]
+    return namespace, ",".join(t for i, t in enumerate(terms) if i != index)
 
 
 async def _fetch(
-    ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+    ctx: ProxyRequest, url: str, query: list[tuple[str, str]], headers: CIMultiDict[str]
 ) -> Page:
-    async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
+    async with ctx.upstream.request("GET", url, query=query, headers=headers) as up:
         if up.status != 200:
             # e.g. 410 when the snapshot expired mid-list: the client must relist.
             raise BadGateway(f"upstream answered {up.status} for a later list page")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from types import TracebackType
@@ -72,6 +72,7 @@ class UpstreamClient:
         # Timeouts are immutable: one per read timeout, not one per request.
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._pool = ConnectionPool(connect_timeout=connect_timeout)
+        self._count: Callable[[str], None] | None = None
         # Set on views made by for_caller() only.
         self._caller_token: str | None = None
         self._request_ssl: ssl.SSLContext | bool = True  # True: the connector's context
@@ -80,6 +81,11 @@ class UpstreamClient:
             anonymous = replace(auth, client_cert_pem=None, client_key_pem=None).ssl_context()
             if isinstance(anonymous, ssl.SSLContext):
                 self._caller_ssl = anonymous
+
+    def count_requests(self, count: Callable[[str], None]) -> None:
+        """Call ``count(method)`` for every request sent from now on, also through the views
+        :meth:`for_caller` makes (the server's ``vwserver_upstream_requests``)."""
+        self._count = count
 
     def for_caller(self, token: str) -> UpstreamClient:
         """A view that sends the caller's ``token`` instead of vwserver's credentials
@@ -160,6 +166,8 @@ class UpstreamClient:
             )
         except InvalidField as e:
             raise BadRequest(f"the {e.name} header cannot be sent upstream") from e
+        if self._count is not None:
+            self._count("GET")
         return await self._pool.get(
             host=host,
             port=port,
@@ -209,6 +217,8 @@ class UpstreamClient:
             timeout = self._timeouts[read_timeout] = aiohttp.ClientTimeout(
                 total=None, sock_connect=self._connect_timeout, sock_read=read_timeout
             )
+        if self._count is not None:
+            self._count(method)
         sending = session.request(
             method,
             target,
