@@ -18,20 +18,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
 
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
-
-DEFAULT_HOLD_TIMEOUT_SECONDS: Final = 3600.0
-"""How long a slice may hold an object that is leaving it when the slice does not say
-(``holdTimeoutSeconds``): every hold is bounded, because a leaving slice keeps reading the
-object's *current* content — which a consumer who moved it may already be filling for the
-destination. An hour is far beyond a controller's cleanup (and a restart or rollout of it),
-and leaves the operator 55 minutes between the slice's ``HoldsReleased`` condition reporting
-the hold stuck (after 5 minutes) and the hold ending. There is deliberately no unbounded hold:
-a slice that needs longer states a longer timeout, up to :data:`MAX_HOLD_TIMEOUT_SECONDS`."""
-MAX_HOLD_TIMEOUT_SECONDS: Final = 7 * 24 * 3600.0
-"""The longest hold a slice may ask for (a week): beyond it a bound would be one in name only."""
 
 
 @dataclass(frozen=True, slots=True)

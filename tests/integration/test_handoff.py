@@ -20,12 +20,17 @@ from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.controller.handoff import Handoff
-from vwserver.holds import HOLDS_ANNOTATION, RELEASE_ANNOTATION, effective_holds
+from vwserver.holds import (
+    DEFAULT_HOLD_TIMEOUT_SECONDS,
+    HOLDS_ANNOTATION,
+    RELEASE_ANNOTATION,
+    effective_holds,
+)
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, Route, Routes, RouteTable
+from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 

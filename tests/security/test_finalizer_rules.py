@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from vwserver.controller.handoff import decide
 from vwserver.errors import HeldFinalizer
 from vwserver.holds import (
+    DEFAULT_HOLD_TIMEOUT_SECONDS,
     HOLDS_ANNOTATION,
     RELEASE_ANNOTATION,
     Member,
@@ -42,7 +43,6 @@ from vwserver.holds import (
     releasable,
     sees,
 )
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
 
 SELECTORS = {

@@ -10,11 +10,12 @@ from devenv.kcp import KcpInstance
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import Clock, SystemClock
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.listener import ConnectionLimits
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, Route, Routes, RouteTable
+from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
 

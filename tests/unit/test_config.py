@@ -13,8 +13,8 @@ import yaml
 from vwserver.cli import main
 from vwserver.config import load_config
 from vwserver.errors import ConfigError
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.server import static_routes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Every hold is bounded (issue 22, finding 11): a slice that sets no ``holdTimeoutSeconds``
-holds a leaving object for :data:`~vwserver.routes.DEFAULT_HOLD_TIMEOUT_SECONDS`, then the
+holds a leaving object for :data:`~vwserver.holds.DEFAULT_HOLD_TIMEOUT_SECONDS`, then the
 handoff loop ends the hold — on a fake clock, through the loop's own route lookup and scan."""
 
 from __future__ import annotations
@@ -12,14 +12,8 @@ from typing import Any, cast
 from tests.support.clock import FakeClock
 from vwserver.cache.entries import entry
 from vwserver.controller.handoff import Handoff, decide
-from vwserver.holds import HOLDS_ANNOTATION
-from vwserver.routes import (
-    DEFAULT_HOLD_TIMEOUT_SECONDS,
-    MAX_HOLD_TIMEOUT_SECONDS,
-    Route,
-    Routes,
-    RouteTable,
-)
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, HOLDS_ANNOTATION, MAX_HOLD_TIMEOUT_SECONDS
+from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 
 FIN = "a.example.io/cleanup"

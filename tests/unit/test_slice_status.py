@@ -17,8 +17,8 @@ from vwserver.controller.slice_status import (
     export_ref,
     status_changed,
 )
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
 
 VW = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"

@@ -43,8 +43,8 @@ from vwserver.config.base import (
 from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.health import HEALTH_PATHS
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
 from vwserver.selector import Selector
 
 __all__ = [

@@ -8,7 +8,7 @@ things do, and this loop makes them from what the shared watch cache holds:
   slice's entry of the holds annotation (``leavingSince``), so that every replica and every
   restart shows the same deletionTimestamp; it is cleared when the object matches again.
 * **Hold timeouts.** Every hold of a leaving object is bounded: by the slice's
-  ``holdTimeoutSeconds``, or by :data:`~vwserver.routes.DEFAULT_HOLD_TIMEOUT_SECONDS` (an hour)
+  ``holdTimeoutSeconds``, or by :data:`~vwserver.holds.DEFAULT_HOLD_TIMEOUT_SECONDS` (an hour)
   when it sets none; past it, the slice's finalizers are removed from the object and its entry
   with them. Holds of a slice this server does not know never time out here (another server
   may serve it).

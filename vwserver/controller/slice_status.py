@@ -31,9 +31,9 @@ from typing import Any
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
 from vwserver.errors import SelectorError
-from vwserver.holds import slice_id
+from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS, slice_id
 from vwserver.k8s import kcp
-from vwserver.routes import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS, Route
+from vwserver.routes import Route
 from vwserver.selector import Selector
 
 NOT_PERMITTED = "NotPermitted"
