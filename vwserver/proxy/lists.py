@@ -76,7 +76,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     async with ctx.upstream.request("GET", ctx.upstream_url, query=query, headers=headers) as up:
         if up.status != 200:
             return await relay_whole(up)
-        page = _decode(await read_body(up))
+        page = _decode(ctx, await read_body(up))
         response = web.StreamResponse(status=200, headers=response_headers(up))
     token = page.continue_token if client_pages else ""
     filled: list[bytes | msgspec.Raw] | None = None
@@ -219,14 +219,18 @@ async def _fetch(
         if up.status != 200:
             # e.g. 410 when the snapshot expired mid-list: the client must relist.
             raise BadGateway(f"upstream answered {up.status} for a later list page")
-        return _decode(await read_body(up))
+        return _decode(ctx, await read_body(up))
 
 
-def _decode(body: bytes) -> Page:
+def _decode(ctx: ProxyRequest, body: bytes) -> Page:
+    """One upstream page, decoded as the shape the request negotiated, without the entries
+    outside the request's scope (counted)."""
     try:
-        return decode_page(body)
+        page = decode_page(body, table=ctx.table, scope=ctx.scope)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable list: {e}") from e
+    ctx.out_of_scope(page.out_of_scope)
+    return page
 
 
 def _abort(request: web.Request) -> None:

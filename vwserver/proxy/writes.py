@@ -267,9 +267,10 @@ async def serve_deletecollection(ctx: ProxyRequest) -> web.StreamResponse:
                 return await relay_whole(up)
             body = await read_body(up)
         try:
-            page = decode_page(body)
+            page = decode_page(body, scope=ctx.scope)
         except UndecodableError as e:
             raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
+        ctx.out_of_scope(page.out_of_scope)
         kind, api_version = page.kind, page.api_version
         for raw in page.visible(selector):
             answer = await _delete_one(ctx, raw, options=options, query=delete_query)
