@@ -185,8 +185,12 @@ def planted(
     secret: str,
 ) -> dict[str, Any]:
     """An object of ``resource`` labelled ``labels`` whose planted members — a top-level
-    ``object``, ``rows[].object``, ``items[]``, ``spec.metadata`` — carry ``looks_like`` labels
-    and the holds annotation's name; ``secret`` in ``spec``."""
+    ``object``, ``rows[].object``, ``spec.metadata`` — carry ``looks_like`` labels and the
+    holds annotation's name; ``secret`` in ``spec``.
+
+    No top-level ``items``: the apiserver's unstructured decoder takes any document with an
+    ``items`` member for a list, and kcp answers the create with 500 "... is not a list: no
+    Items field in this object" (observed on kcp v0.32.3) — such objects cannot exist."""
     fake = mimic(labels=looks_like, name=name, namespace=namespace, cluster=cluster)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -201,7 +205,6 @@ def planted(
         "type": "ADDED",
         "object": {"kind": "PartialObjectMetadata", "metadata": fake},
         "rows": [{"cells": [name], "object": {"metadata": fake}}],
-        "items": [{"metadata": fake}],
         "columnDefinitions": [{"name": "Name", "type": "string"}],
         "spec": {"metadata": fake, "secret": secret},
     }
