@@ -83,12 +83,13 @@ def combined_query(query: Sequence[tuple[str, str]], selector: Selector) -> list
     return out
 
 
-def matches(obj: Any, selector: Selector) -> bool:
-    """Whether a GET answer shows an object (or a Table/PartialObjectMetadata of it) that the
-    selector matches."""
+def matches(obj: Any, selector: Selector, *, table: bool = False) -> bool:
+    """Whether a GET answer shows an object (or PartialObjectMetadata of it; with ``table``, a
+    Table of it — the shape the request asked for, never guessed from ``kind``: a custom
+    resource may be of kind ``Table``) that the selector matches."""
     if not isinstance(obj, dict):
         return False
-    if obj.get("kind") == "Table":
+    if table:
         rows = obj.get("rows") or []
         return bool(rows) and all(
             selector.matches(((r.get("object") or {}).get("metadata") or {}).get("labels"))

@@ -98,17 +98,18 @@ FROM_CACHE = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 async def test_slice_equals_kcp_with_the_selector(pair: Pair, case: Case) -> None:
-    await _compare(pair, case)
+    await compare_with_kcp(pair, case)
 
 
 @pytest.mark.parametrize("case", FROM_CACHE, ids=lambda c: c.id)
 async def test_tables_from_the_cache_equal_kcps(pair: Pair, case: Case) -> None:
     before = await pair.cache_reads("list", "served")
-    await _compare(pair, case)
+    await compare_with_kcp(pair, case)
     await pair.served_from_cache("list", before)
 
 
-async def _compare(pair: Pair, case: Case) -> None:
+async def compare_with_kcp(pair: Pair, case: Case) -> None:
+    """The case through the slice equals kcp's answer with the slice's selector."""
     through = await fetch(
         pair.session,
         pair.slice_url(case.cluster) + case.path,
@@ -135,10 +136,11 @@ async def _kcp_with_selector(pair: Pair, case: Case) -> Answer:
         return await fetch(pair.session, url, query=combined_query(case.query, SELECTOR), **kw)
     answer = await fetch(pair.session, url, query=case.query, **kw)
     parts = case.path.split("/")
-    name = parts[parts.index("widgets") + 1]
+    resource = parts[parts.index("namespaces") + 2]  # .../namespaces/<ns>/<resource>/<name>
+    name = parts[parts.index(resource) + 1]
     plain = await fetch(
         pair.session,
-        url.split(f"/widgets/{name}")[0] + f"/widgets/{name}",
+        url.split(f"/{resource}/{name}")[0] + f"/{resource}/{name}",
         query=(),
         accept=None,
         headers={},
@@ -150,7 +152,7 @@ async def _kcp_with_selector(pair: Pair, case: Case) -> Answer:
     missing = f"{name}-missing"
     return await fetch(
         pair.session,
-        url.replace(f"/widgets/{name}", f"/widgets/{missing}", 1),
+        url.replace(f"/{resource}/{name}", f"/{resource}/{missing}", 1),
         query=case.query,
         rename=(missing, name),
         **kw,
