@@ -63,6 +63,20 @@ def normalise(value: Any) -> Any:
     return value
 
 
+def without_annotations(value: Any, keys: frozenset[str]) -> Any:
+    """``value`` with the annotations ``keys`` removed from every ``metadata`` in it."""
+    if isinstance(value, dict):
+        out = {k: without_annotations(v, keys) for k, v in value.items()}
+        annotations = (out.get("metadata") or {}).get("annotations")
+        if isinstance(annotations, dict):
+            kept = {k: v for k, v in annotations.items() if k not in keys}
+            out["metadata"] = {**out["metadata"], "annotations": kept}
+        return out
+    if isinstance(value, list):
+        return [without_annotations(v, keys) for v in value]
+    return value
+
+
 def decode(raw: bytes, content_type: str) -> Any:
     if not raw:
         return None

@@ -3,11 +3,20 @@ slice's selector (see :mod:`tests.conformance.harness`). Adding a case is one li
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.conformance.allowlist import ALLOWED
 from tests.conformance.conftest import SELECTOR, Pair
-from tests.conformance.harness import Answer, Case, combined_query, fetch, matches
+from tests.conformance.harness import (
+    Answer,
+    Case,
+    combined_query,
+    fetch,
+    matches,
+    without_annotations,
+)
 
 W = "/apis/example.io/v1alpha1"
 NS = "team-red"
@@ -108,8 +117,11 @@ async def test_tables_from_the_cache_equal_kcps(pair: Pair, case: Case) -> None:
     await pair.served_from_cache("list", before)
 
 
-async def compare_with_kcp(pair: Pair, case: Case) -> None:
-    """The case through the slice equals kcp's answer with the slice's selector."""
+async def compare_with_kcp(
+    pair: Pair, case: Case, *, ignore_annotations: frozenset[str] = frozenset()
+) -> None:
+    """The case through the slice equals kcp's answer with the slice's selector (with the
+    annotations ``ignore_annotations`` removed from both: reviewed differences)."""
     through = await fetch(
         pair.session,
         pair.slice_url(case.cluster) + case.path,
@@ -119,6 +131,9 @@ async def compare_with_kcp(pair: Pair, case: Case) -> None:
         token=pair.token,
     )
     expected = await _kcp_with_selector(pair, case)
+    if ignore_annotations:
+        through = replace(through, body=without_annotations(through.body, ignore_annotations))
+        expected = replace(expected, body=without_annotations(expected.body, ignore_annotations))
     if case.id in ALLOWED:
         assert through != expected, f"{case.id} no longer differs: remove it from ALLOWED"
         return

@@ -97,4 +97,10 @@ async def shapes_pair(
 async def test_shapes_through_the_slice_equal_kcp_with_the_selector(
     shapes_pair: Pair, case: Case
 ) -> None:
-    await compare_with_kcp(shapes_pair, case)
+    ignore: frozenset[str] = frozenset()
+    if shapes_pair.cached and case.accept == POM_LIST:
+        # Seen on kcp v0.32.3, and not this change's: the shared cache's PartialObjectMetadata
+        # always carries kcp.io/original-api-version (kcp's has it for the demo's widgets), kcp's
+        # own lacks it for these resources. Everything else must be equal.
+        ignore = frozenset({"kcp.io/original-api-version"})
+    await compare_with_kcp(shapes_pair, case, ignore_annotations=ignore)
