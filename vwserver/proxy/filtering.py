@@ -43,7 +43,8 @@ the object         object and must not keep a stale copy; the previous content i
                    kept per watch, so it is not repeated
 not visible, never nothing: a DELETED would tell the client that an object it may not see
 delivered          exists (its name, uid and resourceVersion) — e.g. one another slice
-                   still holds, arriving in this slice
+                   still holds, arriving in this slice — unless the client holds it from
+                   before the watch (below)
 out of scope       nothing (counted)
 BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; the
                    ``k8s.io/initial-events-end`` annotation must reach client-go)
@@ -51,11 +52,15 @@ BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; 
 
 What a watch delivered is remembered per watch (:class:`Delivered`: the uids of the objects it
 showed and has not shown deleted — no more than the client itself holds from this watch). An
-object the client got from an earlier LIST (a watch from a resourceVersion) and that becomes
-invisible through holds alone (its labels still matching) gets no event from the watch: the
-proxy cannot tell it from an object the slice never saw, and keeping the client's copy of an
-object it was allowed to see leaks nothing; the next visible event or relist corrects it. An
-object that stops matching by its labels is kcp's DELETED as above, exactly.
+object the client may hold from before the watch (a watch from a resourceVersion: its state then
+came from a LIST or an earlier watch) and that is not visible now is decided by asking kcp
+whether a LIST through the slice at that resourceVersion showed it (``resourceVersionMatch=
+Exact``, narrowed to its name; once per object, :data:`MAX_SETTLED` per watch): then the client
+has it and gets the synthetic DELETED, else nothing — it learns no more than that LIST would
+have told it. Where kcp cannot answer (the resourceVersion was compacted) nothing is sent: a
+stale copy of an object the client was allowed to see leaks nothing, and its next relist
+corrects it. An object that stops matching by its labels is kcp's own DELETED (the previous
+content), forwarded as it is.
 
 The same holds in every representation: in a Table watch the object inside the event's row is
 matched, and a synthetic DELETED is itself a Table (:func:`filter_event`).
@@ -358,9 +363,10 @@ _DROP = EventVerdict()
 _OUT_OF_SCOPE = EventVerdict(out_of_scope=True)
 
 
-MAX_SETTLED: Final = 10_000
-"""Objects per watch whose visibility at its start is asked at most; beyond, such events are
-dropped (the client's copy may go stale until its next relist — it never learns more)."""
+MAX_SETTLED: Final = 100
+"""Objects per watch whose visibility at its start kcp is asked about at most (one small LIST
+each: the upstream work a watch causes stays bounded); beyond, such events are dropped (the
+client's copy may go stale until its next relist — it never learns more)."""
 
 
 @dataclass(slots=True)
