@@ -199,11 +199,14 @@ def test_frame_events_counts_each_outcome_and_skips_keepalives() -> None:
         event("MODIFIED", widget("d", "dev")),  # never delivered: dropped
         event(
             "ADDED",
-            widget(
-                "e",
-                "prod",
-            )
-            | {"metadata": {"name": "e", "annotations": {"kcp.io/cluster": "c2"}}},
+            widget("e", "prod")
+            | {
+                "metadata": {
+                    "name": "e",
+                    "labels": {"env": "prod"},
+                    "annotations": {"kcp.io/cluster": "c2"},
+                }
+            },
         ),  # another logical cluster: out of scope
     ]
     framed = frame_events(
@@ -261,3 +264,31 @@ def test_strip_objects_keeps_rows_without_objects() -> None:
     )
     assert verdict.replacement is not None
     assert json.loads(verdict.replacement)["object"]["rows"][0]["object"] is None
+
+
+def test_a_watch_from_a_resource_version_asks_about_objects_the_client_may_hold() -> None:
+    from vwserver.proxy.filtering import settle
+    from vwserver.proxy.watch import frame_events
+
+    delivered = Delivered(since="41")  # the client's state came from a LIST at 41
+    before = event("ADDED", widget("p", "prod"))
+    hidden = event("MODIFIED", widget("a", "dev"))
+    after = event("ADDED", widget("q", "prod"))
+    buffer = bytearray(before + hidden + after)
+    framed = frame_events(buffer, selector=PROD, delivered=delivered)
+    # framing stops before the event that needs the answer; what came before goes out
+    assert framed.out == before and framed.consumed == len(before)
+    assert framed.asking is not None and framed.asking_length == len(hidden)
+    shown = settle(framed.asking, visible_before={"uid-a"}, delivered=delivered)
+    assert shown.replacement is not None and json.loads(shown.replacement)["type"] == "DELETED"
+    # asked once per object: a later event of it is decided without asking
+    again = filter_event(hidden, PROD, delivered=delivered)
+    assert again == filter_event(event("ADDED", widget("a", "dev")), PROD)
+    # an object the LIST did not show gets nothing
+    other = filter_event(event("DELETED", widget("b", "dev")), PROD, delivered=delivered)
+    assert other.ask
+    assert settle(other, visible_before=set(), delivered=delivered).replacement is None
+    # kcp's ADDED means the object did not match just before: never asked about
+    assert not filter_event(event("ADDED", widget("c", "dev")), PROD, delivered=delivered).ask
+    # without a starting resourceVersion the watch sent the whole state: nothing to ask
+    assert not filter_event(hidden, PROD, delivered=Delivered()).ask
