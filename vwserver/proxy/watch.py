@@ -36,7 +36,7 @@ from aiohttp import web
 
 from vwserver import metrics as m
 from vwserver.cache.views import escape_field_value
-from vwserver.errors import BadGateway
+from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.holds import Member
 from vwserver.k8s import kcp
 from vwserver.k8s.framing import complete, lines
@@ -274,7 +274,11 @@ async def _visible_before(
         rendered = selector.render()
         if rendered:
             query.append(("labelSelector", rendered))
-        got = await ctx.upstream.fetch(url, query=query, headers=headers)
+        try:
+            got = await ctx.upstream.fetch(url, query=query, headers=headers)
+        except (BadGateway, UpstreamUnavailable) as e:
+            log.info("watch on %s: state at %s unknown: %s", ctx.api.resource, since, e)
+            continue
         if got.status != 200:
             log.info("watch on %s: state at %s unknown (%d)", ctx.api.resource, since, got.status)
             continue
