@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Final
 
 import msgspec
@@ -44,6 +45,7 @@ from fakekcp.status import (
     too_large_resource_version,
 )
 from fakekcp.store import (
+    CLUSTER_ANNOTATION,
     JSON,
     Event,
     Key,
@@ -225,6 +227,10 @@ class Handlers:
         assert target.name is not None
         key: Key = (target.cluster, target.namespace or "", target.name)
         stored = self.store.get(target.spec, key)
+        if self.fake.faults.ignore_scope:
+            stored = next(
+                (s for s in self.store.objects(target.spec, None) if _key_of(s) != key), stored
+            )
         if stored is None:
             raise not_found_error(target.spec.group, target.spec.plural, target.name)
         return self._object_response(request, target.spec, output, stored.obj, stored.raw, 200)
@@ -273,11 +279,12 @@ class Handlers:
         if opts.rv == "0" and not opts.continue_token:
             limit = 0  # cacher.computeListLimit: the limit is ignored for resourceVersion=0
         try:
+            foreign = self.fake.faults.ignore_scope
             page = self.store.list_page(
                 spec,
-                cluster=target.cluster,
-                namespace=target.namespace,
-                match=self._matcher(opts),
+                cluster=None if foreign else target.cluster,
+                namespace=None if foreign else target.namespace,
+                match=(lambda _k, _s: True) if foreign else self._matcher(opts),
                 at_rv=at_rv,
                 after=after,
                 limit=limit,
@@ -366,13 +373,17 @@ class Handlers:
             start_rv = parse_rv(opts.rv)
         # From here to store.watch() nothing awaits: the snapshot/replay and the registration see
         # the same store state, so no event is missed or duplicated.
-        watcher = Watcher(target.cluster, namespace, name)
+        cluster = target.cluster
+        if self.fake.faults.ignore_scope:
+            cluster = namespace = name = None
+            match = self._matcher(replace(opts, fields=[]))
+        watcher = Watcher(cluster, namespace, name)
         if error is None:
             if opts.initial_events:
                 start_rv = self.store.rv
                 initial = self.store.list_page(
                     spec,
-                    cluster=target.cluster,
+                    cluster=cluster,
                     namespace=namespace,
                     match=lambda k, s: (name is None or k[2] == name) and match(k, s),
                     at_rv=None,
@@ -639,3 +650,9 @@ class Handlers:
         return web.Response(
             body=head + b",".join(s.raw for s in page.items) + tail, content_type="application/json"
         )
+
+
+def _key_of(stored: StoredObject) -> Key:
+    meta = stored.obj.get("metadata", {})
+    cluster = (meta.get("annotations") or {}).get(CLUSTER_ANNOTATION, "")
+    return (cluster, meta.get("namespace", ""), meta.get("name", ""))

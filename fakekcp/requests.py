@@ -46,11 +46,14 @@ class Faults:
     garbage: bool = False  # non-JSON list bodies; a non-JSON line, then the end, in watches
     die_mid_watch_after: int | None = None  # break each watch (no last chunk) after N events
     ignore_selectors: bool = False  # an upstream that does not filter by labelSelector
+    # A shard mix-up: reads of one logical cluster answered with objects of every cluster and
+    # namespace (lists, watches; a GET with another object of the resource than the one named).
+    ignore_scope: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
 
     def reset(self) -> None:
         """Switch every fault off and forget the recorded requests."""
-        self.unreachable = self.garbage = self.ignore_selectors = False
+        self.unreachable = self.garbage = self.ignore_selectors = self.ignore_scope = False
         self.status_code = self.die_mid_watch_after = None
         self.delay = 0.0
         self.requests.clear()

@@ -93,6 +93,15 @@ class ServerMetrics:
             ["method"],
             registry=r,
         )
+        self.upstream_out_of_scope = Counter(
+            "vwserver_upstream_out_of_scope",
+            "Objects and watch events the upstream sent outside the request's own scope (another "
+            "logical cluster than the URL's, another namespace, another name than the one "
+            "asked for), by slice and verb: never forwarded. kcp never sends them; any count is "
+            "an upstream (or shard routing) bug.",
+            ["slice", "verb"],
+            registry=r,
+        )
         self.connections_closed = Counter(
             "vwserver_connections_closed",
             "Client connections the server closed or refused, by reason: client_limit (over "

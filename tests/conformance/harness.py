@@ -63,6 +63,20 @@ def normalise(value: Any) -> Any:
     return value
 
 
+def without_annotations(value: Any, keys: frozenset[str]) -> Any:
+    """``value`` with the annotations ``keys`` removed from every ``metadata`` in it."""
+    if isinstance(value, dict):
+        out = {k: without_annotations(v, keys) for k, v in value.items()}
+        annotations = (out.get("metadata") or {}).get("annotations")
+        if isinstance(annotations, dict):
+            kept = {k: v for k, v in annotations.items() if k not in keys}
+            out["metadata"] = {**out["metadata"], "annotations": kept}
+        return out
+    if isinstance(value, list):
+        return [without_annotations(v, keys) for v in value]
+    return value
+
+
 def decode(raw: bytes, content_type: str) -> Any:
     if not raw:
         return None
@@ -83,12 +97,13 @@ def combined_query(query: Sequence[tuple[str, str]], selector: Selector) -> list
     return out
 
 
-def matches(obj: Any, selector: Selector) -> bool:
-    """Whether a GET answer shows an object (or a Table/PartialObjectMetadata of it) that the
-    selector matches."""
+def matches(obj: Any, selector: Selector, *, table: bool = False) -> bool:
+    """Whether a GET answer shows an object (or PartialObjectMetadata of it; with ``table``, a
+    Table of it — the shape the request asked for, never guessed from ``kind``: a custom
+    resource may be of kind ``Table``) that the selector matches."""
     if not isinstance(obj, dict):
         return False
-    if obj.get("kind") == "Table":
+    if table:
         rows = obj.get("rows") or []
         return bool(rows) and all(
             selector.matches(((r.get("object") or {}).get("metadata") or {}).get("labels"))

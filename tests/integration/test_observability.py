@@ -127,19 +127,21 @@ async def test_watch_events_open_watches_and_latency_until_the_headers() -> None
         async with env.session.get(url, headers=ALICE) as watch:
             assert watch.status == 200
             assert env.sample("vwserver_open_watches", slice=PROD) == 1
-            env.fake.create(cluster="c1", obj=widget("p2", env="prod"))  # forwarded
+            p2 = env.fake.create(cluster="c1", obj=widget("p2", env="prod"))  # forwarded
             d2 = env.fake.create(cluster="c1", obj=widget("d2", env="dev"))  # dropped
             d2["spec"]["size"] = 2
-            env.fake.update(cluster="c1", obj=d2)  # MODIFIED outside: synthesized DELETED
+            env.fake.update(cluster="c1", obj=d2)  # never shown: dropped (no DELETED)
+            p2["metadata"]["labels"]["env"] = "dev"
+            env.fake.update(cluster="c1", obj=p2)  # shown, now outside: synthesized DELETED
             seen = []
             async with asyncio.timeout(TIMEOUT):
                 while len(seen) < 2:
                     event = json.loads(await watch.content.readline())
                     seen.append((event["type"], event["object"]["metadata"]["name"]))
-            assert seen == [("ADDED", "p2"), ("DELETED", "d2")]
+            assert seen == [("ADDED", "p2"), ("DELETED", "p2")]
             events = "vwserver_watch_events_total"
             assert env.sample(events, slice=PROD, outcome="forwarded") == 1
-            assert env.sample(events, slice=PROD, outcome="dropped") == 1
+            assert env.sample(events, slice=PROD, outcome="dropped") == 2
             assert env.sample(events, slice=PROD, outcome="synthesized") == 1
             await asyncio.sleep(0.3)  # the watch stays open a while longer
         # the client hung up: the watch ends, counted with the status it had sent

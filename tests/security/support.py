@@ -137,3 +137,24 @@ def status_problem(*, status: int, content_type: str, body: bytes, method: str) 
     if not isinstance(doc.get("message", ""), str) or not isinstance(doc.get("reason", ""), str):
         return f"Status message/reason of the wrong type: {body[:200]!r}"
     return None
+
+
+HOLDS = "sync.edge-connect.eu/holds"
+
+
+def lookalike(name: str, ns: str) -> dict[str, Any]:
+    """Members a custom resource may have (its schema's or preserved unknown fields) that look
+    like another representation's — a Table row's ``object``, a Table's ``rows``, a nested
+    ``metadata`` — carrying labels every slice matches and the holds annotation's name. The
+    object's own metadata is what counts; these must never make it visible."""
+    fake = {
+        "name": name,
+        "namespace": ns,
+        "labels": {"env": "prod", "region": "eu"},
+        "annotations": {HOLDS: "{}", "kcp.io/cluster": "c1"},
+    }
+    return {
+        "object": {"kind": "PartialObjectMetadata", "metadata": fake},
+        "rows": [{"cells": [name], "object": {"metadata": fake}}],
+        "type": "ADDED",
+    }

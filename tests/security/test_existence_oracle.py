@@ -8,7 +8,8 @@ collection, with initial events and bookmarks), PUT, PATCH (JSON, merge, strateg
 and CBOR; with and without a resourceVersion precondition, dry run) and DELETE (no body, ``{}``,
 uid-only and resourceVersion-only preconditions, with the object's real uid/resourceVersion or
 made-up ones, dry run) — two requests are sent that differ only in the name: one names an object
-that exists outside the slice, the other a name that exists nowhere (of the same length). The
+that exists outside the slice (also one dressed up with members shaped like another
+representation's: ``object``, ``rows``, ``spec.metadata`` with the slice's labels), the other a name that exists nowhere (of the same length). The
 answers must be equal: status, Content-Type, the set of header names, and the body with the
 name (and resourceVersions, which move) substituted. The object outside the slice must be
 unchanged afterwards.
@@ -41,6 +42,7 @@ import yaml
 from devenv.bootstrap import Bootstrap
 from tests.e2e.test_proxy_kcp import Proxy, proxy
 from tests.integration.conftest import Env, env
+from tests.security.support import lookalike
 
 __all__ = ["env", "proxy"]  # fixtures, imported so that pytest finds them here
 
@@ -504,6 +506,24 @@ FOREIGN, MISSING = "w1", "w9"  # w1: env=dev, ns1, cluster c1 (tests/integration
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_outside_the_slice_answers_like_missing(env: Env, case: Case) -> None:
+    await _answers_like_missing(env, case)
+
+
+LOOKALIKE_CASES = [c for c in CASES if c.method in ("GET", "HEAD")]
+
+
+@pytest.mark.parametrize("case", LOOKALIKE_CASES, ids=[c.id for c in LOOKALIKE_CASES])
+async def test_a_lookalike_outside_the_slice_answers_like_missing(env: Env, case: Case) -> None:
+    """The object outside the slice carries members shaped like another representation's (a
+    top-level ``object``, ``rows``, ``spec.metadata``) with the slice's labels and the holds
+    annotation's name: its own metadata is what is judged, in every representation."""
+    stored = env.fake.get(cluster="c1", namespace="ns1", name=FOREIGN)
+    assert stored is not None
+    env.fake.update(cluster="c1", obj={**stored, **lookalike(FOREIGN, "ns1")})
+    await _answers_like_missing(env, case)
+
+
+async def _answers_like_missing(env: Env, case: Case) -> None:
     stored = env.fake.get(cluster="c1", namespace="ns1", name=FOREIGN)
     assert stored is not None and stored["metadata"]["labels"]["env"] == "dev"
     assert env.fake.get(cluster="c1", namespace="ns1", name=MISSING) is None

@@ -10,7 +10,9 @@ extra segments, odd names), query strings (``watch=<anything>``, repeated and ma
 selectors, resourceVersion/limit/continue garbage, unknown and misspelt parameters), headers
 (``Accept`` with YAML, protobuf, ``as=Table`` v1/v1beta1, PartialObjectMetadata(List),
 garbage; content types; identity headers), methods, and bodies (objects, deep JSON, garbage,
-JSON/merge/strategic/apply patches, DeleteOptions).
+JSON/merge/strategic/apply patches, DeleteOptions). Objects outside every slice, and some
+written ones, carry members shaped like other representations (a top-level ``object``, ``rows``,
+``spec.metadata``, with labels every slice matches and the holds annotation's name).
 
 Invariants, each reported with the failing request:
 
@@ -65,6 +67,7 @@ from tests.security.support import (
     UpstreamAnswer,
     UpstreamRecorder,
     env_int,
+    lookalike,
     status_problem,
 )
 from tests.support.serve import NO_AUTH, serve_app
@@ -144,7 +147,7 @@ class Stored:
 
 
 def widget(name: str, ns: str, labels: dict[str, str], token: str) -> dict[str, Any]:
-    return {
+    obj = {
         "apiVersion": "example.io/v1alpha1",
         "kind": "Widget",
         "metadata": {
@@ -156,6 +159,10 @@ def widget(name: str, ns: str, labels: dict[str, str], token: str) -> dict[str, 
         "spec": {"size": 1, "color": "red", "token": token},
         "status": {"phase": "Ready", "token": token},
     }
+    if name.startswith("secret-"):  # outside every slice, dressed up as inside
+        obj |= lookalike(name, ns)
+        obj["spec"]["metadata"] = lookalike(name, ns)["object"]["metadata"]
+    return obj
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -757,6 +764,8 @@ class Generator:
         }
         if r.random() < 0.2:
             obj["status"] = {"phase": r.choice(["Ready", "x"])}
+        if r.random() < 0.1:
+            obj |= lookalike(str(meta.get("name", "")), str(meta.get("namespace", "")))
         return obj
 
     def _patch(self, r: random.Random, content_type: str) -> bytes:

@@ -37,7 +37,13 @@ class Recorder:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, from_list: bool = True) -> None:
+        """``from_list``: LIST first and watch from its resourceVersion; else watch from now
+        (no resourceVersion: the initial state arrives as ADDED events) — for URLs that only
+        watch, such as the deprecated ``/watch/`` paths."""
+        if not from_list:
+            self._task = asyncio.create_task(self._read(""), name=f"watch {self.url}")
+            return
         # resourceVersion=0, as informers list: served from the server's watch cache, and the
         # watch then starts at a version that cache has (a version newer than what it has
         # would have to wait for it)
@@ -59,6 +65,8 @@ class Recorder:
             # kcp (and the proxy) end the stream by themselves even if a test forgets to
             "timeoutSeconds": "600",
         }
+        if not since:
+            del params["resourceVersion"]
         try:
             async with self.session.get(
                 self.url, params=params, timeout=aiohttp.ClientTimeout(total=None)
@@ -113,12 +121,12 @@ class Recorder:
 
 @contextlib.asynccontextmanager
 async def recording(
-    session: aiohttp.ClientSession, url: str, **params: str
+    session: aiohttp.ClientSession, url: str, *, from_list: bool = True, **params: str
 ) -> AsyncIterator[Recorder]:
-    """A :class:`Recorder` of ``url`` (``params``: e.g. ``labelSelector``), stopped when the
-    block ends."""
+    """A :class:`Recorder` of ``url`` (``params``: e.g. ``labelSelector``; ``from_list``: see
+    :meth:`Recorder.start`), stopped when the block ends."""
     recorder = Recorder(session, url, params)
-    await recorder.start()
+    await recorder.start(from_list=from_list)
     try:
         yield recorder
     finally:

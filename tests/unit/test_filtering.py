@@ -8,6 +8,8 @@ import pytest
 
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
+    Delivered,
+    Scope,
     UndecodableError,
     decode_page,
     filter_event,
@@ -54,8 +56,22 @@ def test_non_matching_added_is_dropped() -> None:
 
 
 @pytest.mark.parametrize("kind", ["MODIFIED", "DELETED"])
+def test_non_matching_event_of_a_never_delivered_object_is_dropped(kind: str) -> None:
+    # A DELETED naming an object the watch never showed would tell the client it exists.
+    delivered = Delivered()
+    verdict = filter_event(event(kind, widget("a", "dev")), PROD, delivered=delivered)
+    assert verdict == filter_event(event("ADDED", widget("a", "dev")), PROD)
+    assert not verdict.forward and verdict.replacement is None
+    assert not delivered.keys
+
+
+@pytest.mark.parametrize("kind", ["MODIFIED", "DELETED"])
 def test_non_matching_modified_or_deleted_becomes_minimal_deleted(kind: str) -> None:
-    verdict = filter_event(event(kind, widget("a", "dev")), PROD)
+    delivered = Delivered()
+    assert filter_event(event("ADDED", widget("a", "prod")), PROD, delivered=delivered).forward
+    assert delivered.keys == {"uid-a"}
+    verdict = filter_event(event(kind, widget("a", "dev")), PROD, delivered=delivered)
+    assert not delivered.keys  # shown deleted: a second one would name it again
     assert not verdict.forward
     assert verdict.replacement is not None
     out = json.loads(verdict.replacement)
@@ -134,7 +150,7 @@ def test_table_rows_need_a_matching_object() -> None:
             ],
         }
     ).encode()
-    page = decode_page(body)
+    page = decode_page(body, table=True)
     assert page.is_table
     visible = [json.loads(bytes(v))["cells"][0] for v in page.visible(PROD)]
     assert visible == ["a"]
@@ -157,7 +173,10 @@ def test_frame_events_forwards_runs_and_keeps_partial_lines() -> None:
     )
     partial = event("ADDED", widget("d", "prod"))[:20]
     buffer = bytearray(a + b + c + partial)
-    out, consumed, forwarded, dropped, synthesized = frame_events(buffer, selector=PROD)
+    delivered = Delivered(keys={"uid-b"})  # b was shown earlier by this watch
+    framed = frame_events(buffer, selector=PROD, delivered=delivered)
+    out, consumed = framed.out, framed.consumed
+    forwarded, dropped, synthesized = framed.forwarded, framed.dropped, framed.synthesized
     assert consumed == len(a + b + c)
     assert (forwarded, dropped, synthesized) == (2, 0, 1)  # the partial line is not counted yet
     lines = out.splitlines(keepends=True)
@@ -177,9 +196,27 @@ def test_frame_events_counts_each_outcome_and_skips_keepalives() -> None:
         bookmark,
         event("ADDED", widget("b", "prod")),
         event("DELETED", widget("c", "dev")),  # synthesized: identifying metadata only
+        event("MODIFIED", widget("d", "dev")),  # never delivered: dropped
+        event(
+            "ADDED",
+            widget("e", "prod")
+            | {
+                "metadata": {
+                    "name": "e",
+                    "labels": {"env": "prod"},
+                    "annotations": {"kcp.io/cluster": "c2"},
+                }
+            },
+        ),  # another logical cluster: out of scope
     ]
-    framed = frame_events(bytearray(b"".join(lines)), selector=PROD)
-    assert (framed.forwarded, framed.dropped, framed.synthesized) == (2, 1, 1)
+    framed = frame_events(
+        bytearray(b"".join(lines)),
+        selector=PROD,
+        scope=Scope(cluster="c1"),
+        delivered=Delivered(keys={"uid-c"}),
+    )
+    assert (framed.forwarded, framed.dropped, framed.synthesized) == (2, 3, 1)
+    assert framed.out_of_scope == 1
     assert framed.consumed == len(b"".join(lines))
     # the keep-alive line is passed on with the run of bytes it is in, uncounted
     assert framed.out.startswith(b"\n" + bookmark + lines[3])
@@ -197,13 +234,21 @@ def test_table_events_are_matched_on_the_row_object() -> None:
     # A selector that matches unlabelled bodies must not let a Table through on its own
     # (empty) labels: the row's object is what counts.
     not_dev = Selector.parse("env notin (dev)")
-    assert filter_event(table_event("ADDED", widget("a", "prod")), not_dev).forward
-    assert not filter_event(table_event("ADDED", widget("a", "dev")), not_dev).forward
-    assert not filter_event(table_event("ADDED", None), not_dev).forward  # no object: never
+    assert filter_event(table_event("ADDED", widget("a", "prod")), not_dev, table=True).forward
+    assert not filter_event(table_event("ADDED", widget("a", "dev")), not_dev, table=True).forward
+    assert not filter_event(table_event("ADDED", None), not_dev, table=True).forward  # never
 
 
 def test_a_table_event_that_leaves_becomes_a_table_deleted_naming_only_the_object() -> None:
-    verdict = filter_event(table_event("MODIFIED", widget("a", "dev")), PROD)
+    delivered = Delivered()
+    assert filter_event(
+        table_event("ADDED", widget("a", "prod")), PROD, table=True, delivered=delivered
+    ).forward
+    never = filter_event(table_event("MODIFIED", widget("b", "dev")), PROD, table=True)
+    assert not never.forward and never.replacement is None
+    verdict = filter_event(
+        table_event("MODIFIED", widget("a", "dev")), PROD, table=True, delivered=delivered
+    )
     assert verdict.replacement is not None
     out = json.loads(verdict.replacement)
     assert out["type"] == "DELETED" and out["object"]["kind"] == "Table"
@@ -214,6 +259,36 @@ def test_a_table_event_that_leaves_becomes_a_table_deleted_naming_only_the_objec
 
 
 def test_strip_objects_keeps_rows_without_objects() -> None:
-    verdict = filter_event(table_event("ADDED", widget("a", "prod")), PROD, strip_objects=True)
+    verdict = filter_event(
+        table_event("ADDED", widget("a", "prod")), PROD, table=True, strip_objects=True
+    )
     assert verdict.replacement is not None
     assert json.loads(verdict.replacement)["object"]["rows"][0]["object"] is None
+
+
+def test_a_watch_from_a_resource_version_asks_about_objects_the_client_may_hold() -> None:
+    from vwserver.proxy.filtering import settle
+    from vwserver.proxy.watch import frame_events
+
+    delivered = Delivered(since="41")  # the client's state came from a LIST at 41
+    before = event("ADDED", widget("p", "prod"))
+    hidden = event("MODIFIED", widget("a", "dev"))
+    after = event("ADDED", widget("q", "prod"))
+    buffer = bytearray(before + hidden + after)
+    framed = frame_events(buffer, selector=PROD, delivered=delivered)
+    # framing stops before the event that needs the answer; what came before goes out
+    assert framed.out == before and framed.consumed == len(before)
+    assert framed.asking is not None and framed.asking_length == len(hidden)
+    shown = settle(framed.asking, visible_before={"uid-a"}, delivered=delivered)
+    assert shown.replacement is not None and json.loads(shown.replacement)["type"] == "DELETED"
+    # asked once per object: a later event of it is decided without asking
+    again = filter_event(hidden, PROD, delivered=delivered)
+    assert again == filter_event(event("ADDED", widget("a", "dev")), PROD)
+    # an object the LIST did not show gets nothing
+    other = filter_event(event("DELETED", widget("b", "dev")), PROD, delivered=delivered)
+    assert other.ask
+    assert settle(other, visible_before=set(), delivered=delivered).replacement is None
+    # kcp's ADDED means the object did not match just before: never asked about
+    assert not filter_event(event("ADDED", widget("c", "dev")), PROD, delivered=delivered).ask
+    # without a starting resourceVersion the watch sent the whole state: nothing to ask
+    assert not filter_event(hidden, PROD, delivered=Delivered()).ask

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -10,12 +11,14 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
+from vwserver.cache.views import NAME, NAMESPACE, parse_field_selector
 from vwserver.errors import BadRequest, SelectorError
 from vwserver.holds import Member, Peers, leaving_since, sees, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
 from vwserver.metrics import UNKNOWN, ServerMetrics
+from vwserver.proxy.filtering import Scope
 from vwserver.proxy.negotiation import Representation, Shape
 from vwserver.proxy.options import Options
 from vwserver.proxy.paths import ApiRequest, SlicePath, Verb
@@ -26,6 +29,7 @@ from vwserver.selector import Selector
 
 if TYPE_CHECKING:
     from vwserver.cache.registry import CacheRegistry
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -128,6 +132,46 @@ class ProxyRequest:
             labels=meta.labels,
             annotations=meta.annotations,
             finalizers=meta.finalizers,
+        )
+
+    @property
+    def table(self) -> bool:
+        """The client negotiated Tables: the upstream answers with Tables whose rows embed the
+        objects (every decoder is told so, :mod:`vwserver.proxy.filtering`)."""
+        return self.representation.shape is Shape.TABLE
+
+    @property
+    def scope(self) -> Scope:
+        """What this request addresses (:class:`~vwserver.proxy.filtering.Scope`): the path's
+        logical cluster and namespace, the named object's name — or the namespace and name a
+        list's or watch's ``fieldSelector`` pins (a selector kcp refuses pins nothing)."""
+        api = self.api
+        namespace, name = api.namespace, api.name
+        if api.verb in (Verb.LIST, Verb.WATCH) and (text := self.options.get("fieldSelector")):
+            try:
+                fields = parse_field_selector(text)
+            except BadRequest:
+                fields = None
+            if fields is not None:
+                namespace = namespace or fields.requires(NAMESPACE) or ""
+                name = name or fields.requires(NAME) or ""
+        return Scope(cluster=self.path.cluster, namespace=namespace, name=name)
+
+    def out_of_scope(self, count: int = 1) -> None:
+        """Count (and log, without any of their content) objects the upstream sent outside
+        this request's :attr:`scope`; they are not forwarded."""
+        if count <= 0:
+            return
+        self.metrics.upstream_out_of_scope.labels(self.record.slice, self.api.verb).inc(count)
+        log.warning(
+            "upstream sent %d object(s) outside the request's scope (cluster %s, namespace %r, "
+            "name %r) for %s of %s: dropped",
+            count,
+            self.path.cluster,
+            self.api.namespace,
+            self.api.name,
+            self.api.verb,
+            self.api.resource,
         )
 
     def upstream_headers(self, *, content_type: str | None = None) -> CIMultiDict[str]:

@@ -5,87 +5,120 @@ upstream's filtering is an optimisation, this module is the guarantee. Objects a
 decoded only as far as their head (apiVersion, kind, metadata) with msgspec, and matching objects
 are forwarded as their original bytes, so each object is parsed once and never re-encoded.
 
+**The representation is never guessed.** Where an object's metadata is depends on the shape the
+request negotiated (:mod:`vwserver.proxy.negotiation`): a plain list's item *is* the object, a
+Table row *embeds* it in ``object``, a watch event carries it in ``object`` (a Table in a Table
+watch). Every decoder here is told which shape it reads (``table=``) and decodes exactly that
+structure — an object is judged by its own top-level ``metadata``, whatever else it has. A custom
+resource may well have top-level ``object``, ``rows`` or ``items`` fields, or even the kind
+``Table`` (kcp notes: "a list item is not a Table row unless the page is a Table"); nothing is
+inferred from an object's bytes or its ``kind``.
+
+**Scope.** Besides the slice's membership, every object must be in the request's own scope
+(:class:`Scope`): its ``kcp.io/cluster`` the URL's logical cluster (any for ``clusters/*``), its
+namespace the URL's (or the one a ``metadata.namespace`` field selector pins), its name the
+named object's (a GET, a ``metadata.name`` field selector, a deprecated ``/watch/.../<name>``).
+kcp never sends anything else; an upstream bug or a shard mix-up must not put another
+workspace's object on a per-cluster URL. Out-of-scope objects are dropped (lists, watches) or
+answered as missing (GET), counted and logged by the caller — the same metadata decode serves
+both checks.
+
 Watch events follow the apiserver's label-selector watch semantics (the watch cache's
 ``cacheWatcher.convertToWatchEvent``): an object that stops matching arrives as DELETED carrying
 its *previous* (still matching) content, one that starts matching as ADDED. With the selector
-pushed down, every event from a correct upstream therefore matches. An event that does not is
-handled so that no field of an object outside the slice leaves the proxy:
+pushed down, every event from a correct upstream therefore matches, and a slice's client sees an
+object that *stopped matching* as kcp's DELETED with the content it was allowed to see. An event
+the proxy cannot show (the holds of another slice keep the object, :mod:`vwserver.holds`, or an
+upstream that does not filter) is handled so that no field of an object outside the slice leaves
+the proxy, and nothing at all about an object the watch never showed:
 
 =================  =================================================================
 upstream event     sent to the client
 =================  =================================================================
-ADDED, no match    nothing (the client never saw it)
-MODIFIED, no match a synthetic DELETED with identifying metadata only: the object may
-                   have been visible before, and a client must not keep a stale copy
-DELETED, no match  a synthetic DELETED with identifying metadata only
+visible            the original bytes (the object's key remembered: ADDED, MODIFIED;
+                   forgotten: DELETED)
+not visible, the   a synthetic DELETED with identifying metadata only (name, namespace,
+watch delivered    uid, the new resourceVersion, ``kcp.io/cluster``): the client has the
+the object         object and must not keep a stale copy; the previous content is not
+                   kept per watch, so it is not repeated
+not visible, never nothing: a DELETED would tell the client that an object it may not see
+delivered          exists (its name, uid and resourceVersion) — e.g. one another slice
+                   still holds, arriving in this slice — unless the client holds it from
+                   before the watch (below)
+out of scope       nothing (counted)
 BOOKMARK, ERROR    passed through unchanged (a bookmark carries no object data; the
                    ``k8s.io/initial-events-end`` annotation must reach client-go)
 =================  =================================================================
+
+What a watch delivered is remembered per watch (:class:`Delivered`: the uids of the objects it
+showed and has not shown deleted — no more than the client itself holds from this watch). An
+object the client may hold from before the watch (a watch from a resourceVersion: its state then
+came from a LIST or an earlier watch) and that is not visible now is decided by asking kcp
+whether a LIST through the slice at that resourceVersion showed it (``resourceVersionMatch=
+Exact``, narrowed to its name; once per object, :data:`MAX_SETTLED` per watch): then the client
+has it and gets the synthetic DELETED, else nothing — it learns no more than that LIST would
+have told it. Where kcp cannot answer (the resourceVersion was compacted) nothing is sent: a
+stale copy of an object the client was allowed to see leaks nothing, and its next relist
+corrects it. An object that stops matching by its labels is kcp's own DELETED (the previous
+content), forwarded as it is.
 
 The same holds in every representation: in a Table watch the object inside the event's row is
 matched, and a synthetic DELETED is itself a Table (:func:`filter_event`).
 
 Membership is more than the selector for an object that slices hold (:mod:`vwserver.holds`):
 an object another slice holds and no longer matches is not shown even where the selector
-matches. Only objects that carry the holds annotation need that check; the rest are told
-apart by a byte search, so the common case costs nothing more (:func:`hidden_by_holds`).
+matches; it is decided from the metadata decoded above (annotations and finalizers included).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import msgspec
 
-from vwserver.holds import HOLDS_ANNOTATION, Member, as_leaving, leaving_since, sees
+from vwserver.holds import Member, as_leaving, leaving_since, sees
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
-from vwserver.k8s.types import (
-    ListLabels,
-    ListPage,
-    ObjectHead,
-    TableLabels,
-    TablePage,
-    WatchEventHead,
-    WatchEventLabels,
-)
+from vwserver.k8s.types import ListPage, ObjectHead, ObjectMeta, TablePage
 from vwserver.selector import Selector
 
 _head_decoder = msgspec.json.Decoder(ObjectHead)
-_event_decoder = msgspec.json.Decoder(WatchEventHead)
-_event_labels_decoder = msgspec.json.Decoder(WatchEventLabels)
 _list_decoder = msgspec.json.Decoder(ListPage)
 _table_decoder = msgspec.json.Decoder(TablePage)
-_list_labels_decoder = msgspec.json.Decoder(ListLabels)
-_table_labels_decoder = msgspec.json.Decoder(TableLabels)
 _encoder = msgspec.json.Encoder()
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
-# Searches a buffer (bytes, memoryview, msgspec.Raw) without copying it.
-_HOLDS_KEY: Final = re.compile(re.escape(HOLDS_ANNOTATION.encode()))
 
 
-def hidden_by_holds(raw: Any, member: Member | None) -> bool:
-    """Whether the object ``raw`` (an object, a watch event's line, or a Table row embedding
-    an object) carries holds that keep it from ``member`` although its labels match
-    (:func:`vwserver.holds.sees`)."""
-    if member is None or _HOLDS_KEY.search(raw) is None:
-        return False
-    meta = _embedded_head(raw)[0].metadata
-    labels, annotations, finalizers = meta.labels, meta.annotations, meta.finalizers
-    return not sees(member, labels=labels, annotations=annotations, finalizers=finalizers)
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What one request addresses: its logical cluster (``*``: any), namespace and name (``""``:
+    any). An object outside it is never forwarded, whatever the slice's membership says."""
+
+    cluster: str = "*"
+    namespace: str = ""
+    name: str = ""
+
+    def admits(self, meta: ObjectMeta) -> bool:
+        if self.cluster != "*" and (meta.annotations or {}).get(CLUSTER_ANNOTATION) != self.cluster:
+            return False
+        if self.namespace and meta.namespace != self.namespace:
+            return False
+        return not self.name or meta.name == self.name
 
 
-def _embedded_head(raw: Any) -> tuple[ObjectHead, bool]:
-    """The head of the object in ``raw`` — itself, the object of a watch event's line, or the
-    object a Table row embeds — and whether it was embedded in a row or event."""
-    try:
-        row = _row_decoder.decode(raw)
-        if row.object is not None:
-            return row.object, True
-        return _head_decoder.decode(raw), False
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
+ANYWHERE: Final = Scope()
+
+
+def _sees(member: Member | None, meta: ObjectMeta) -> bool:
+    """Whether holds let ``member`` see an object whose labels match its selector."""
+    return member is None or sees(
+        member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+    )
+
+
+def shows(selector: Selector, member: Member | None, meta: ObjectMeta) -> bool:
+    """Whether the object with ``meta`` matches ``selector`` and holds let ``member`` see it."""
+    return selector.matches(meta.labels) and _sees(member, meta)
 
 
 class UndecodableError(ValueError):
@@ -93,10 +126,33 @@ class UndecodableError(ValueError):
 
 
 def decode_head(raw: bytes | msgspec.Raw) -> ObjectHead:
+    """The head of one object (plain or PartialObjectMetadata): its own top-level fields."""
     try:
         return _head_decoder.decode(raw)
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
+
+
+# The metadata of every entry of a page, decoded in one pass over the page — each shape by its
+# own structure: a list's items are objects, a Table's rows embed one.
+class _Item(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class _ListMetas(msgspec.Struct):
+    items: list[_Item] | None = None
+
+
+class _Row(msgspec.Struct):
+    object: _Item | None = None
+
+
+class _TableMetas(msgspec.Struct):
+    rows: list[_Row] | None = None
+
+
+_list_metas_decoder = msgspec.json.Decoder(_ListMetas)
+_table_metas_decoder = msgspec.json.Decoder(_TableMetas)
 
 
 @dataclass(slots=True)
@@ -110,9 +166,12 @@ class Page:
     continue_token: str
     column_definitions: bytes | None
     entries: list[msgspec.Raw]
-    """Items (lists) or rows (Tables), still raw."""
-    labels: list[dict[str, str] | _NoObject | None]
-    """Each entry's labels; a Table row without an embedded object can never be shown."""
+    """Items (lists) or rows (Tables), still raw; only those in the request's scope."""
+    metas: list[ObjectMeta | None]
+    """Each entry's object's metadata; None for a Table row without an embedded object, which
+    can never be shown."""
+    out_of_scope: int = 0
+    """Entries the upstream sent that are outside the request's :class:`Scope` (dropped)."""
 
     def visible(self, selector: Selector, member: Member | None = None) -> list[msgspec.Raw]:
         """The raw entries that match ``selector`` (and that holds do not keep from
@@ -121,98 +180,89 @@ class Page:
         matches = selector.matches
         return [
             entry
-            for entry, labels in zip(self.entries, self.labels, strict=True)
-            if not isinstance(labels, _NoObject)
-            and matches(labels)
-            and not hidden_by_holds(entry, member)
+            for entry, meta in zip(self.entries, self.metas, strict=True)
+            if meta is not None and matches(meta.labels) and _sees(member, meta)
         ]
 
     def part(self, start: int, stop: int) -> Page:
         """This page with only its entries ``start:stop``."""
-        return replace(self, entries=self.entries[start:stop], labels=self.labels[start:stop])
+        return replace(self, entries=self.entries[start:stop], metas=self.metas[start:stop])
 
     def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
         """The entries ``member`` sees (:func:`vwserver.holds.sees`) that match the client's
         ``client`` selector, for a page read without the slice's selector: objects the slice
         holds are there whatever their labels. An object leaving the slice is shown being
         deleted (:func:`vwserver.holds.as_leaving`; a Table row as kcp printed it)."""
-        matches, own = client.matches, member.selector.matches
+        matches = client.matches
         out: list[bytes | msgspec.Raw] = []
-        for entry, labels in zip(self.entries, self.labels, strict=True):
-            if isinstance(labels, _NoObject) or not matches(labels):
-                continue
-            if _HOLDS_KEY.search(entry) is None:
-                if own(labels):
-                    out.append(entry)
-                continue
-            head, in_row = _embedded_head(entry)
-            labels, annotations, finalizers = (
-                head.metadata.labels,
-                head.metadata.annotations,
-                head.metadata.finalizers,
-            )
-            if not sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+        for entry, meta in zip(self.entries, self.metas, strict=True):
+            if meta is None or not matches(meta.labels) or not _sees(member, meta):
                 continue
             since = leaving_since(
-                member, labels=labels, annotations=annotations, finalizers=finalizers
+                member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
             )
-            out.append(as_leaving(bytes(entry), since) if since and not in_row else entry)
+            out.append(as_leaving(bytes(entry), since) if since and not self.is_table else entry)
         return out
 
 
-class _NoObject:
-    """Marks a Table row that embeds no object (``includeObject=None``): never visible."""
+def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) -> Page:
+    """Decode one LIST page of the negotiated shape — a Table when ``table`` (the request asked
+    for ``as=Table``), else a list of objects or PartialObjectMetadata — entries kept raw,
+    their metadata decoded; entries outside ``scope`` are left out (and counted).
 
-
-_NO_OBJECT = _NoObject()
-
-
-def entry_head(raw: bytes | msgspec.Raw, *, table: bool) -> ObjectHead | None:
-    """The head of one entry of a page: the item itself, or the object a Table row embeds
-    (None: the row embeds none)."""
-    try:
-        return _row_decoder.decode(raw).object if table else _head_decoder.decode(raw)
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
-
-
-def decode_page(body: bytes) -> Page:
-    """Decode one LIST page, Table or not: entries kept raw, their labels decoded.
-
-    Two passes of msgspec over the page (one keeping raw entries, one reading only labels) cost
-    less than decoding each entry separately from Python.
+    Two passes of msgspec over the page (one keeping raw entries, one reading only metadata)
+    cost less than decoding each entry separately from Python.
     """
     try:
-        head = _head_decoder.decode(body)
-        if head.kind == "Table":
-            table = _table_decoder.decode(body)
-            rows = _table_labels_decoder.decode(body).rows or []
-            return Page(
-                is_table=True,
-                api_version=table.apiVersion,
-                kind=table.kind,
-                resource_version=table.metadata.resourceVersion,
-                continue_token=table.metadata.continue_,
-                column_definitions=bytes(table.columnDefinitions),
-                entries=table.rows or [],
-                labels=[_NO_OBJECT if r.object is None else r.object.metadata.labels for r in rows],
-            )
-        page = _list_decoder.decode(body)
-        items = _list_labels_decoder.decode(body).items or []
+        if table:
+            page = _table_decoder.decode(body)
+            if page.kind != "Table":
+                raise UndecodableError(f"expected a Table, got kind {page.kind!r}")
+            rows = _table_metas_decoder.decode(body).rows or []
+            entries: list[msgspec.Raw] = page.rows or []
+            metas = [None if r.object is None else r.object.metadata for r in rows]
+            api_version, kind, list_meta = page.apiVersion, page.kind, page.metadata
+            columns: bytes | None = bytes(page.columnDefinitions)
+        else:
+            plain = _list_decoder.decode(body)
+            if not plain.kind.endswith("List"):
+                raise UndecodableError(f"expected a list, got kind {plain.kind!r}")
+            entries = plain.items or []
+            metas = [i.metadata for i in _list_metas_decoder.decode(body).items or []]
+            api_version, kind, list_meta = plain.apiVersion, plain.kind, plain.metadata
+            columns = None
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
-    if not page.kind.endswith("List"):
-        raise UndecodableError(f"expected a list, got kind {page.kind!r}")
+    out_of_scope = 0
+    if scope is not ANYWHERE:
+        kept = [(e, m) for e, m in zip(entries, metas, strict=True) if m is None or scope.admits(m)]
+        out_of_scope = len(entries) - len(kept)
+        if out_of_scope:
+            entries, metas = [e for e, _ in kept], [m for _, m in kept]
     return Page(
-        is_table=False,
-        api_version=page.apiVersion,
-        kind=page.kind,
-        resource_version=page.metadata.resourceVersion,
-        continue_token=page.metadata.continue_,
-        column_definitions=None,
-        entries=page.items or [],
-        labels=[i.metadata.labels for i in items],
+        is_table=table,
+        api_version=api_version,
+        kind=kind,
+        resource_version=list_meta.resourceVersion,
+        continue_token=list_meta.continue_,
+        column_definitions=columns,
+        entries=entries,
+        metas=metas,
+        out_of_scope=out_of_scope,
     )
+
+
+def decode_table_rows(body: bytes) -> list[ObjectMeta | None]:
+    """The metadata of the object each row of a Table (one negotiated with ``as=Table``)
+    embeds; None for a row without one."""
+    try:
+        table = _table_head_decoder.decode(body)
+        if table.kind != "Table":
+            raise UndecodableError(f"expected a Table, got kind {table.kind!r}")
+        rows = _table_metas_decoder.decode(body).rows or []
+    except msgspec.DecodeError as e:
+        raise UndecodableError(str(e)) from e
+    return [None if r.object is None else r.object.metadata for r in rows]
 
 
 def list_fields(page: Page, *, resource_version: str, continue_token: str) -> dict[str, Any]:
@@ -303,31 +353,115 @@ class EventVerdict:
     """Send the original line unchanged."""
     replacement: bytes | None = None
     """Send this instead (a synthetic DELETED); nothing at all if neither is set."""
+    out_of_scope: bool = False
+    """Nothing is sent because the event's object is outside the request's :class:`Scope`."""
+    ask: tuple[ObjectHead, ...] = ()
+    """The objects (one; a Table event's rows) whose visibility at the watch's start must be
+    asked before this event can be decided (:func:`settle`)."""
+    table_api_version: str = ""
+    """For ``ask`` in a Table watch: the Table's apiVersion (for a synthetic DELETED)."""
 
 
 _FORWARD = EventVerdict(forward=True)
 _DROP = EventVerdict()
+_OUT_OF_SCOPE = EventVerdict(out_of_scope=True)
+
+
+MAX_SETTLED: Final = 100
+"""Objects per watch whose visibility at its start kcp is asked about at most (one small LIST
+each: the upstream work a watch causes stays bounded); beyond, such events are dropped (the
+client's copy may go stale until its next relist — it never learns more)."""
+
+
+@dataclass(slots=True)
+class Delivered:
+    """What one watch has shown its client and not shown deleted since: the objects a
+    synthetic DELETED may name (see the module docstring). One key per object the client
+    holds from this watch (its uid; cluster/namespace/name for an object without one)."""
+
+    keys: set[str] = field(default_factory=set)
+    since: str = ""
+    """The resourceVersion the watch started after, when the client's state at its start came
+    from elsewhere (its LIST, an earlier watch); ``""`` when the watch sent the initial state
+    itself (no resourceVersion, ``0``, ``sendInitialEvents``): then ``keys`` is everything the
+    client has from it."""
+    settled: set[str] = field(default_factory=set)
+    """Objects not delivered by this watch whose visibility at ``since`` was asked once."""
+
+    def unknown(self, key: str) -> bool:
+        """Whether the client may hold the object from before the watch (to be asked)."""
+        return bool(self.since) and key not in self.settled and len(self.settled) < MAX_SETTLED
+
+    @staticmethod
+    def key(meta: ObjectMeta) -> str:
+        if meta.uid:
+            return meta.uid
+        cluster = (meta.annotations or {}).get(CLUSTER_ANNOTATION, "")
+        return f"{cluster}/{meta.namespace}/{meta.name}"
+
+
+class _PlainEvent(msgspec.Struct):
+    type: str
+    object: ObjectHead
+
+
+class _RowHead(msgspec.Struct):
+    object: ObjectHead | None = None
+
+
+class _TableHead(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    rows: list[_RowHead] | None = None
+
+
+class _TableEvent(msgspec.Struct):
+    type: str
+    object: _TableHead
+
+
+_plain_event_decoder = msgspec.json.Decoder(_PlainEvent)
+_table_event_decoder = msgspec.json.Decoder(_TableEvent)
+_table_head_decoder = msgspec.json.Decoder(_TableHead)
 
 
 def filter_event(
     line: bytes | memoryview,
     selector: Selector,
     *,
+    table: bool = False,
     strip_objects: bool = False,
     member: Member | None = None,
+    scope: Scope = ANYWHERE,
+    delivered: Delivered | None = None,
 ) -> EventVerdict:
     """Decide one watch event (one JSON line, newline included). Raises UndecodableError.
 
-    The common case — a matching event — costs one decode that reads only the type and the
-    labels; the object's identity is decoded only when a synthetic DELETED has to be made.
+    ``table``: the watch negotiated ``as=Table`` — every event's object is a Table whose rows
+    embed the object (a PartialObjectMetadata unless ``includeObject=Object``); the rows'
+    objects are what is matched, and a Table with no row object at all is never shown.
+    ``strip_objects`` (the client asked for ``includeObject=None``) removes the row objects
+    after matching. Otherwise the event's object is the object itself, whatever its fields or
+    kind. ``delivered``: the watch's record of what it showed (updated here); without one
+    nothing counts as delivered, so nothing is ever synthesized.
 
-    In a Table watch (``Accept: ...;as=Table``) the event's object is a Table whose row embeds
-    the object (a PartialObjectMetadata unless ``includeObject=Object``); the row's object is
-    what is matched, and a Table with no row object at all is never shown. ``strip_objects``
-    (the client asked for ``includeObject=None``) removes the row objects after matching.
+    One decode per event reads its type and its object's metadata (what membership, scope and
+    a synthetic DELETED need).
     """
+    if delivered is None:
+        delivered = Delivered()
     try:
-        event = _event_labels_decoder.decode(line)
+        if table:
+            return _table_event(
+                _table_event_decoder.decode(line),
+                line,
+                selector,
+                strip_objects,
+                member,
+                scope,
+                delivered,
+            )
+        event = _plain_event_decoder.decode(line)
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     kind = event.type
@@ -335,100 +469,91 @@ def filter_event(
         raise UndecodableError(f"unknown watch event type {kind!r}")
     if kind in ("BOOKMARK", "ERROR"):
         return _FORWARD
-    obj = event.object
-    if obj.kind == "Table":
-        rows = obj.rows or []
-        visible = (
-            bool(rows)
-            and all(
-                r.object is not None and selector.matches(r.object.metadata.labels) for r in rows
-            )
-            and not _rows_hidden(line, member)
-        )
-        if visible:
-            return (
-                EventVerdict(replacement=_without_row_objects(line)) if strip_objects else _FORWARD
-            )
-        if kind == "ADDED":
-            return _DROP
-        return EventVerdict(replacement=_synthetic_table_deleted(line))
-    if selector.matches(obj.metadata.labels) and not hidden_by_holds(line, member):
+    meta = event.object.metadata
+    if not scope.admits(meta):
+        return _OUT_OF_SCOPE
+    key = Delivered.key(meta)
+    if selector.matches(meta.labels) and _sees(member, meta):
+        if kind == "DELETED":
+            delivered.keys.discard(key)
+        else:
+            delivered.keys.add(key)
         return _FORWARD
-    if kind == "ADDED":
+    if key in delivered.keys:
+        delivered.keys.discard(key)
+        return EventVerdict(replacement=synthetic_deleted(event.object))
+    # kcp's ADDED says the object did not match just before: the client cannot hold it.
+    if kind != "ADDED" and delivered.unknown(key):
+        return EventVerdict(ask=(event.object,))
+    return _DROP  # never shown: not even that it exists
+
+
+def _table_event(
+    event: _TableEvent,
+    line: bytes | memoryview,
+    selector: Selector,
+    strip_objects: bool,
+    member: Member | None,
+    scope: Scope,
+    delivered: Delivered,
+) -> EventVerdict:
+    kind = event.type
+    if kind not in _EVENT_TYPES:
+        raise UndecodableError(f"unknown watch event type {kind!r}")
+    if kind in ("BOOKMARK", "ERROR"):
+        return _FORWARD
+    if event.object.kind != "Table":
+        raise UndecodableError(f"expected a Table in a Table watch, got {event.object.kind!r}")
+    heads = [r.object for r in event.object.rows or []]
+    if any(h is not None and not scope.admits(h.metadata) for h in heads):
+        return _OUT_OF_SCOPE
+    if heads and all(
+        h is not None and selector.matches(h.metadata.labels) and _sees(member, h.metadata)
+        for h in heads
+    ):
+        for h in heads:
+            assert h is not None
+            if kind == "DELETED":
+                delivered.keys.discard(Delivered.key(h.metadata))
+            else:
+                delivered.keys.add(Delivered.key(h.metadata))
+        return EventVerdict(replacement=_without_row_objects(line)) if strip_objects else _FORWARD
+    known = [h for h in heads if h is not None]
+    shown = [h for h in known if Delivered.key(h.metadata) in delivered.keys]
+    if shown:
+        for h in shown:
+            delivered.keys.discard(Delivered.key(h.metadata))
+        return EventVerdict(replacement=_synthetic_table_deleted(event.object.apiVersion, shown))
+    unknown = tuple(h for h in known if delivered.unknown(Delivered.key(h.metadata)))
+    if kind != "ADDED" and unknown:
+        return EventVerdict(ask=unknown, table_api_version=event.object.apiVersion)
+    return _DROP
+
+
+def settle(
+    verdict: EventVerdict, *, visible_before: set[str], delivered: Delivered
+) -> EventVerdict:
+    """Decide an event that asked (``verdict.ask``) once the answer is known:
+    ``visible_before`` are the keys of those objects the slice showed at the watch's start
+    (what the client's state then held). Those get a synthetic DELETED; the rest nothing. Either
+    way each object is asked about once per watch."""
+    for head in verdict.ask:
+        delivered.settled.add(Delivered.key(head.metadata))
+    shown = [h for h in verdict.ask if Delivered.key(h.metadata) in visible_before]
+    if not shown:
         return _DROP
-    try:
-        head = _event_decoder.decode(line).object
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
-    return EventVerdict(replacement=synthetic_deleted(head))
+    if verdict.table_api_version:
+        return EventVerdict(replacement=_synthetic_table_deleted(verdict.table_api_version, shown))
+    return EventVerdict(replacement=synthetic_deleted(shown[0]))
 
 
-class _TableRowHead(msgspec.Struct):
-    object: ObjectHead | None = None
-
-
-class _TableHead(msgspec.Struct):
-    apiVersion: str = ""
-    kind: str = ""
-    rows: list[_TableRowHead] | None = None
-
-
-_table_rows_decoder = msgspec.json.Decoder(_TableHead)
-_row_decoder = msgspec.json.Decoder(_TableRowHead)
-
-
-def _rows_hidden(line: bytes | memoryview, member: Member | None) -> bool:
-    """Whether holds keep any row's object of a Table watch event from ``member``."""
-    if member is None or _HOLDS_KEY.search(line) is None:
-        return False
-    try:
-        rows = _table_event_decoder.decode(line).object.rows or []
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
-    return any(
-        r.object is not None
-        and not sees(
-            member,
-            labels=r.object.metadata.labels,
-            annotations=r.object.metadata.annotations,
-            finalizers=r.object.metadata.finalizers,
-        )
-        for r in rows
-    )
-
-
-def decode_table_rows(body: bytes) -> list[_TableRowHead]:
-    """The rows of a Table with each embedded object's metadata (labels, annotations,
-    finalizers: what membership needs)."""
-    try:
-        return _table_rows_decoder.decode(body).rows or []
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
-
-
-class _TableEventHead(msgspec.Struct):
-    type: str
-    object: _TableHead
-
-
-_table_event_decoder = msgspec.json.Decoder(_TableEventHead)
-
-
-def _synthetic_table_deleted(line: bytes | memoryview) -> bytes:
-    """A DELETED Table event whose one row names the object and says nothing else (its cells
+def _synthetic_table_deleted(api_version: str, heads: list[ObjectHead]) -> bytes:
+    """A DELETED Table event whose rows name the objects and say nothing else (their cells
     hold the name only; ``kubectl get -w`` prints the name column)."""
-    try:
-        event = _table_event_decoder.decode(line)
-    except msgspec.DecodeError as e:
-        raise UndecodableError(str(e)) from e
-    rows = []
-    for row in event.object.rows or []:
-        if row.object is None:
-            continue
-        rows.append({"cells": [row.object.metadata.name], "object": _identity(row.object)})
+    rows = [{"cells": [h.metadata.name], "object": _identity(h)} for h in heads]
     table: dict[str, object] = {
         "kind": "Table",
-        "apiVersion": event.object.apiVersion,
+        "apiVersion": api_version,
         "metadata": {},
         "columnDefinitions": None,
         "rows": rows,

@@ -57,7 +57,6 @@ from vwserver.proxy.filtering import (
     Page,
     UndecodableError,
     decode_page,
-    entry_head,
     list_fields,
     list_header,
     strip_row_object,
@@ -324,10 +323,9 @@ async def _token_after(
 def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
     """What identifies entry ``index`` of ``page``: its object's uid, resourceVersion, namespace
     and name (the bytes of a Table row without an object)."""
-    head = entry_head(page.entries[index], table=page.is_table)
-    if head is None:
+    meta = page.metas[index]
+    if meta is None:
         return bytes(page.entries[index])
-    meta = head.metadata
     return (meta.uid, meta.resourceVersion, meta.namespace, meta.name)
 
 
@@ -358,7 +356,7 @@ async def _first_page(
                 continue
             if up.status != 200:
                 return await relay_whole(up)
-            page = _decode(await read_body(up))
+            page = _decode(ctx, await read_body(up))
             return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
     raise AssertionError("the last target's answer is returned")
 
@@ -390,14 +388,18 @@ async def _fetch(
         if up.status != 200:
             # e.g. 410 when the snapshot expired mid-list: the client must relist.
             raise BadGateway(f"upstream answered {up.status} for a later list page")
-        return _decode(await read_body(up))
+        return _decode(ctx, await read_body(up))
 
 
-def _decode(body: bytes) -> Page:
+def _decode(ctx: ProxyRequest, body: bytes) -> Page:
+    """One upstream page, decoded as the shape the request negotiated, without the entries
+    outside the request's scope (counted)."""
     try:
-        return decode_page(body)
+        page = decode_page(body, table=ctx.table, scope=ctx.scope)
     except UndecodableError as e:
         raise BadGateway(f"upstream sent an undecodable list: {e}") from e
+    ctx.out_of_scope(page.out_of_scope)
+    return page
 
 
 def _abort(request: web.Request) -> None:

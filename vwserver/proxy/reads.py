@@ -50,27 +50,40 @@ async def serve_get(ctx: ProxyRequest) -> web.StreamResponse:
 
 
 def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
-    """A GET response (an object, PartialObjectMetadata, or a Table of one row) as the slice
-    shows it, None when the slice does not see it (:func:`vwserver.holds.sees`): a Table counts
-    only if every row embeds an object the slice sees, and loses the objects when the client
-    asked for none; an object the slice is letting go of shows as being deleted
-    (:func:`vwserver.holds.as_leaving`). Its head is decoded once for all of that."""
-    head = decode_head(body)
-    if head.kind == "Table":
+    """A GET response as the slice shows it, None when the slice does not see it
+    (:func:`vwserver.holds.sees`) or it is not the object the URL names. It is decoded as the
+    shape the request negotiated — never guessed from its ``kind`` (a custom resource may be
+    called ``Table``, or have ``rows``): the object or PartialObjectMetadata by its own
+    metadata; a Table of one row by the objects its rows embed — it counts only if every row
+    embeds an object the slice sees, and loses the objects when the client asked for none. An
+    object the slice is letting go of shows as being deleted (:func:`vwserver.holds.as_leaving`).
+
+    An object outside the request's scope (another logical cluster, namespace or name than
+    the URL's: an upstream bug) is answered like a missing one — 404, not 502: the client may
+    learn nothing from it, not even that the upstream had something there — and counted."""
+    scope = ctx.scope
+    if ctx.table:
         rows = decode_table_rows(body)
-        if not rows or not all(r.object is not None and ctx.sees(r.object.metadata) for r in rows):
+        if not rows or any(meta is None for meta in rows):
+            return None
+        if not all(meta is not None and scope.admits(meta) for meta in rows):
+            ctx.out_of_scope()
+            return None
+        if not all(meta is not None and ctx.sees(meta) for meta in rows):
             return None
         return _strip_table(body) if ctx.strip_objects else body
+    head = decode_head(body)
+    if not scope.admits(head.metadata):
+        ctx.out_of_scope()
+        return None
     if not ctx.sees(head.metadata):
         return None
-    if ctx.strip_objects:
-        return _strip_table(body)
     since = ctx.leaving(head.metadata)
     return as_leaving(body, since) if since else body
 
 
 def _strip_table(body: bytes) -> bytes:
-    page = decode_page(body)
+    page = decode_page(body, table=True)
     return (
         list_header(page, resource_version=page.resource_version, continue_token="")
         + b",".join(strip_row_object(row) for row in page.entries)

@@ -17,24 +17,46 @@ or the server shuts down (the re-watch then reaches another replica).
 
 Metrics are counted per upstream read, not per event: :func:`frame_events` tallies its verdicts
 in local integers, and the counters are bumped once per chunk.
+
+Each watch keeps what it has shown its client (:class:`~vwserver.proxy.filtering.Delivered`):
+a synthetic DELETED names only an object this watch delivered, never one the slice cannot see
+(the rule and its reasons: :mod:`vwserver.proxy.filtering`). Events outside the request's own
+scope (another logical cluster, namespace or name) are dropped, counted and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import NamedTuple
 
 import aiohttp
 from aiohttp import web
 
 from vwserver import metrics as m
-from vwserver.errors import BadGateway
+from vwserver.cache.views import escape_field_value
+from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.holds import Member
+from vwserver.k8s import kcp
 from vwserver.k8s.framing import complete, lines
+from vwserver.k8s.kcp import CLUSTER_ANNOTATION
+from vwserver.k8s.types import ObjectHead
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import UndecodableError, filter_event
+from vwserver.proxy.filtering import (
+    ANYWHERE,
+    Delivered,
+    EventVerdict,
+    Scope,
+    UndecodableError,
+    decode_page,
+    filter_event,
+    settle,
+    shows,
+)
+from vwserver.proxy.negotiation import JSON
 from vwserver.proxy.responses import headers_only, relay_whole, response_headers
+from vwserver.proxy.upstream import forwarded_headers
 from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
@@ -43,6 +65,7 @@ log = logging.getLogger(__name__)
 async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
     selector = ctx.effective_selector()
     strip = ctx.strip_objects
+    table, scope, delivered = ctx.table, ctx.scope, Delivered(since=_start(ctx))
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
@@ -74,20 +97,43 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
                 async for chunk in up.content.iter_any():
                     buffer += chunk
-                    # EventTooLarge (a BadGateway) if an event grows past the bound
-                    framed = frame_events(
-                        buffer, selector=selector, strip_objects=strip, member=ctx.member
-                    )
-                    if framed.consumed:
-                        del buffer[: framed.consumed]
-                        if framed.forwarded:
-                            forwarded.inc(framed.forwarded)
-                        if framed.dropped:
-                            dropped.inc(framed.dropped)
-                        if framed.synthesized:
-                            synthesized.inc(framed.synthesized)
-                    if framed.out:
-                        await response.write(framed.out)
+                    while True:
+                        # EventTooLarge (a BadGateway) if an event grows past the bound
+                        framed = frame_events(
+                            buffer,
+                            selector=selector,
+                            table=table,
+                            strip_objects=strip,
+                            member=ctx.member,
+                            scope=scope,
+                            delivered=delivered,
+                        )
+                        if framed.consumed:
+                            del buffer[: framed.consumed]
+                            if framed.forwarded:
+                                forwarded.inc(framed.forwarded)
+                            if framed.dropped:
+                                dropped.inc(framed.dropped)
+                            if framed.synthesized:
+                                synthesized.inc(framed.synthesized)
+                            if framed.out_of_scope:
+                                ctx.out_of_scope(framed.out_of_scope)
+                        if framed.out:
+                            await response.write(framed.out)
+                        if framed.asking is None:
+                            break
+                        # The next line is about an object this watch never showed that the
+                        # client may hold from before it: ask kcp (rare; once per object).
+                        before = await _visible_before(
+                            ctx, framed.asking.ask, since=delivered.since, selector=selector
+                        )
+                        verdict = settle(framed.asking, visible_before=before, delivered=delivered)
+                        del buffer[: framed.asking_length]
+                        if verdict.replacement is not None:
+                            synthesized.inc()
+                            await response.write(verdict.replacement)
+                        else:
+                            dropped.inc()
         except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
             # The stream is broken (garbage, upstream gone): end it cleanly so that the client
             # re-watches from its last resourceVersion, as after any apiserver watch timeout.
@@ -120,14 +166,24 @@ class Framed(NamedTuple):
     """Events filtered out with nothing sent."""
     synthesized: int
     """Events replaced by a synthetic DELETED."""
+    out_of_scope: int = 0
+    """Of the dropped events, those whose object was outside the request's scope."""
+    asking: EventVerdict | None = None
+    """The event after the consumed bytes cannot be decided yet (its ``ask``): what it
+    needs (:func:`~vwserver.proxy.filtering.settle`); framing stopped before it."""
+    asking_length: int = 0
+    """The length of that event's line (its bytes follow the consumed ones)."""
 
 
 def frame_events(
     buffer: bytearray,
     *,
     selector: Selector,
+    table: bool = False,
     strip_objects: bool = False,
     member: Member | None = None,
+    scope: Scope = ANYWHERE,
+    delivered: Delivered | None = None,
 ) -> Framed:
     """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
     events were forwarded, dropped and synthesized. Raises
@@ -139,14 +195,31 @@ def frame_events(
     end = complete(buffer)
     out: list[bytes] = []
     run = 0  # where the current stretch of forwarded lines begins
-    events = dropped = synthesized = 0
+    events = dropped = synthesized = foreign = 0
+    if delivered is None:
+        delivered = Delivered()
     view = memoryview(buffer)
     try:
         for start, stop in lines(buffer, end):
             events += 1
             verdict = filter_event(
-                view[start:stop], selector, strip_objects=strip_objects, member=member
+                view[start:stop],
+                selector,
+                table=table,
+                strip_objects=strip_objects,
+                member=member,
+                scope=scope,
+                delivered=delivered,
             )
+            if verdict.ask:
+                events -= 1  # counted when it is settled
+                if run < start:
+                    out.append(bytes(view[run:start]))
+                forwarded = events - dropped - synthesized
+                data = b"".join(out)
+                return Framed(
+                    data, start, forwarded, dropped, synthesized, foreign, verdict, stop - start
+                )
             if not verdict.forward:
                 if run < start:
                     out.append(bytes(view[run:start]))
@@ -155,10 +228,69 @@ def frame_events(
                     synthesized += 1
                 else:
                     dropped += 1
+                    foreign += verdict.out_of_scope
                 run = stop
         if run < end:
             out.append(bytes(view[run:end]))
     finally:
         view.release()
     forwarded = events - dropped - synthesized
-    return Framed(b"".join(out), end, forwarded, dropped, synthesized)
+    return Framed(b"".join(out), end, forwarded, dropped, synthesized, foreign)
+
+
+def _start(ctx: ProxyRequest) -> str:
+    """The resourceVersion a watch starts after when the client's state at its start came from
+    elsewhere (a LIST, an earlier watch); ``""`` when the upstream sends the initial state as
+    ADDED events itself (no resourceVersion or ``0``: the state of the watch cache;
+    ``sendInitialEvents=true``)."""
+    rv = ctx.options.get("resourceVersion") or ""
+    if rv in ("", "0") or ctx.options.flag("sendInitialEvents"):
+        return ""
+    return rv
+
+
+async def _visible_before(
+    ctx: ProxyRequest, heads: tuple[ObjectHead, ...], *, since: str, selector: Selector
+) -> set[str]:
+    """The keys (:meth:`Delivered.key`) of those objects the slice showed at resourceVersion
+    ``since`` — what a LIST through the slice at ``since`` would have held: kcp is asked for
+    exactly that (one exact-resourceVersion LIST per object, narrowed to its name). Nothing is
+    shown when kcp cannot say (e.g. ``since`` was compacted): a client is never told about an
+    object it may not have seen."""
+    shown: set[str] = set()
+    headers = forwarded_headers(ctx.request.headers, accept=JSON)
+    for head in heads:
+        meta = head.metadata
+        cluster = (meta.annotations or {}).get(CLUSTER_ANNOTATION, "")
+        if not cluster:
+            continue
+        api = replace(ctx.api, namespace=meta.namespace, name="", subresource="")
+        url = f"{kcp.clusters(ctx.upstream_base, cluster)}{api.collection_path}"
+        query = [
+            ("resourceVersion", since),
+            ("resourceVersionMatch", "Exact"),
+            ("fieldSelector", f"metadata.name={escape_field_value(meta.name)}"),
+        ]
+        rendered = selector.render()
+        if rendered:
+            query.append(("labelSelector", rendered))
+        try:
+            got = await ctx.upstream.fetch(url, query=query, headers=headers)
+        except (BadGateway, UpstreamUnavailable) as e:
+            log.info("watch on %s: state at %s unknown: %s", ctx.api.resource, since, e)
+            continue
+        if got.status != 200:
+            log.info("watch on %s: state at %s unknown (%d)", ctx.api.resource, since, got.status)
+            continue
+        try:
+            page = decode_page(got.body, scope=ctx.scope)
+        except UndecodableError as e:
+            log.info("watch on %s: state at %s undecodable: %s", ctx.api.resource, since, e)
+            continue
+        key = Delivered.key(meta)
+        if any(
+            item is not None and Delivered.key(item) == key and shows(selector, ctx.member, item)
+            for item in page.metas
+        ):
+            shown.add(key)
+    return shown

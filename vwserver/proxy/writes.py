@@ -314,9 +314,10 @@ async def _delete_listed(
                 return await relay_whole(up)
             body = await read_body(up)
         try:
-            page = decode_page(body)
+            page = decode_page(body, scope=ctx.scope)
         except UndecodableError as e:
             raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
+        ctx.out_of_scope(page.out_of_scope)
         kind, api_version = page.kind, page.api_version
         visible = list(page.visible(selector))
         # The page's dependents are checked before any of it is deleted (in memory: the cache).
