@@ -72,14 +72,18 @@ class Kit:
         env: str = "prod",
         owner: dict[str, Any] | None = None,
         finalizers: list[str] | None = None,
+        blocks_owner: bool = False,
     ) -> dict[str, Any]:
-        """A widget created directly in kcp."""
+        """A widget created directly in kcp (``blocks_owner``: its ownerReference has
+        ``blockOwnerDeletion``, so a foreground deletion of the owner waits for it)."""
         meta: dict[str, Any] = {"name": name, "labels": {"env": env, "t": self.namespace}}
         if owner is not None:
             om = owner["metadata"]
             meta["ownerReferences"] = [
                 {"apiVersion": API, "kind": "Widget", "name": om["name"], "uid": om["uid"]}
             ]
+            if blocks_owner:
+                meta["ownerReferences"][0]["blockOwnerDeletion"] = True
         if finalizers:
             meta["finalizers"] = finalizers
         body = {"apiVersion": API, "kind": "Widget", "metadata": meta, "spec": {"size": 1}}
@@ -775,6 +779,51 @@ async def test_orphan_finalizer_stays_until_kcps_gc_removes_it(kit: Kit) -> None
     await until("the dependent outside the slice orphaned", orphaned, within=4 * GC_WAIT)
     await until("the owner gone", lambda: _gone(kit, name), within=4 * GC_WAIT)
     assert all(ok for _, ok, _, _ in refused), refused
+
+
+async def test_foreground_deletion_finalizer_stays_until_kcps_gc_removes_it(kit: Kit) -> None:
+    """A foreground deletion through the slice (its dependent in the slice) waits for a
+    dependent that blocks it, here kept by its own finalizer: the owner stays Terminating with
+    ``foregroundDeletion``. Removing that through the slice would let the owner go first (a
+    foreground deletion made a background one): refused; once the dependent is gone, kcp's
+    collector removes it and the owner goes."""
+    owner = await kit.create(unique("fgowner"))
+    dependent = await kit.create(
+        unique("fgdep"), owner=owner, finalizers=["x.example/hold"], blocks_owner=True
+    )
+    name, dep = owner["metadata"]["name"], dependent["metadata"]["name"]
+    url = f"{kit.through()}/{name}"
+    status, doc = await kit.send("DELETE", url, params={"propagationPolicy": "Foreground"})
+    assert status == 200, doc
+
+    async def dependent_deleting() -> bool:
+        now = await kit.stored(dep)
+        return now is not None and bool(now["metadata"].get("deletionTimestamp"))
+
+    await until("kcp's collector deleting the dependent", dependent_deleting, within=GC_WAIT)
+    terminating = await kit.stored(name)
+    assert terminating is not None
+    assert terminating["metadata"]["finalizers"] == ["foregroundDeletion"]
+    put = {**terminating, "metadata": {**terminating["metadata"], "finalizers": []}}
+    for body, content_type in (
+        ([{"op": "remove", "path": "/metadata/finalizers/0"}], JSON_PATCH),
+        ({"metadata": {"finalizers": None}}, MERGE),
+        (put, "application/json"),
+    ):
+        method = "PUT" if body is put else "PATCH"
+        status, doc = await kit.send(method, url, body=body, content_type=content_type)
+        assert _gc_refused(status, doc, "foregroundDeletion"), (content_type, status, doc)
+        assert await kit.stored(name) is not None, "the owner went before its dependent"
+    # The slice finishes the dependent's own finalizer; kcp's collector then lets the owner go.
+    status, doc = await kit.send(
+        "PATCH",
+        f"{kit.through()}/{dep}",
+        body=[{"op": "remove", "path": "/metadata/finalizers/0"}],
+        content_type=JSON_PATCH,
+    )
+    assert status == 200, doc
+    await until("the dependent gone", lambda: _gone(kit, dep), within=GC_WAIT)
+    await until("the owner gone", lambda: _gone(kit, name), within=GC_WAIT)
 
 
 async def test_gc_finalizers_are_not_added_through_a_slice(kit: Kit) -> None:
