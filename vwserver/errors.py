@@ -26,9 +26,11 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   │                           cache's window (the apiserver's "too old resource version")
     │   ├── RequestEntityTooLarge 413  a request body over the limit
     │   ├── Invalid            422  a write would put the object outside the slice
-    │   │   └── HeldFinalizer       a write would remove a finalizer of a slice the object is
-    │   │                           leaving (held for that slice's release), or
-    │   │                           write an annotation only vwserver writes (vwserver.holds)
+    │   │   ├── HeldFinalizer       a write would remove a finalizer of a slice the object is
+    │   │   │                       leaving (held for that slice's release), or
+    │   │   │                       write an annotation only vwserver writes (vwserver.holds)
+    │   │   └── GCFinalizer         a write would add or remove a finalizer of kcp's garbage
+    │   │                           collector (``orphan``, ``foregroundDeletion``)
     │   ├── UpstreamUnavailable 503 upstream unreachable / not ready (sends Retry-After)
     │   │   └── UpstreamUnreachable  no answer from the upstream (counted as such in metrics)
     │   └── BadGateway         502  upstream answered with something we cannot use
@@ -162,6 +164,11 @@ class Invalid(RequestError):
 class HeldFinalizer(Invalid):
     """A write through one slice would remove a finalizer another slice added and holds while
     the object is leaving that slice (:func:`vwserver.holds.guards`)."""
+
+
+class GCFinalizer(Invalid):
+    """A write through a slice would add or remove ``orphan`` or ``foregroundDeletion``, the
+    finalizers of kcp's garbage collector (:func:`vwserver.holds.check_gc_finalizers`)."""
 
 
 class BadGateway(RequestError):

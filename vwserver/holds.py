@@ -31,6 +31,13 @@ to look like that to A, and B is held back until A has let go:
   deletion. A name already on the object is not recorded for a slice that "adds" it again,
   and a finalizer added before any hold was recorded is nobody's. No client can write either
   annotation through a slice.
+* **kcp's garbage collector** (:func:`check_gc_finalizers`): ``orphan`` and
+  ``foregroundDeletion`` are the collector's bookkeeping of a deletion in progress — the
+  apiserver sets them for a DELETE, the collector removes them once it has orphaned (or
+  deleted) the dependents. No write through a slice adds or removes them: removing ``orphan``
+  early lets the object go before its dependents are orphaned, and the collector then deletes
+  every dependent whose owner is gone, also those outside the slice; adding either changes what
+  a later DELETE that names no propagation does. They are never anybody's hold.
 
 Everything here is pure: it reads labels, annotations and finalizers and returns decisions.
 The proxy (writes, reads) and the cache's views ask these functions and nothing else.
@@ -45,7 +52,7 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.errors import HeldFinalizer
+from vwserver.errors import GCFinalizer, HeldFinalizer
 from vwserver.selector import Selector
 
 __all__ = [
@@ -56,6 +63,7 @@ __all__ = [
     "WritePlan",
     "annotation_pointer",
     "as_leaving",
+    "check_gc_finalizers",
     "effective_holds",
     "guards",
     "hidden_by_relabel",
@@ -84,6 +92,12 @@ MAX_HOLD_TIMEOUT_SECONDS: Final = 7 * 24 * 3600.0
 """The longest hold a slice may ask for (a week): beyond it a bound would be one in name only."""
 PROXY_ANNOTATIONS: Final = frozenset({HOLDS_ANNOTATION, RELEASE_ANNOTATION})
 """Annotations no client may write through a slice."""
+ORPHAN_FINALIZER: Final = "orphan"
+"""metav1.FinalizerOrphanDependents: a deletion that orphans the dependents is in progress."""
+FOREGROUND_FINALIZER: Final = "foregroundDeletion"
+"""metav1.FinalizerDeleteDependents: a deletion that deletes the dependents first."""
+GC_FINALIZERS: Final = (ORPHAN_FINALIZER, FOREGROUND_FINALIZER)
+"""The finalizers of kcp's garbage collector: no write through a slice adds or removes them."""
 
 Peers = Callable[[str], Selector | None]
 """The current selector of a slice by id; None for a slice this server does not know."""
@@ -119,9 +133,20 @@ def parse_holds(value: str | None) -> Mapping[str, Hold]:
     if not value:
         return _NO_HOLDS
     try:
-        return _decode_holds(value)
+        holds = _decode_holds(value)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _NO_HOLDS
+    # kcp's garbage-collector finalizers are nobody's hold (no write through a slice adds them;
+    # an entry naming one was edited in kcp): no hold keeps them, no hold's end removes them.
+    if any(f in GC_FINALIZERS for hold in holds.values() for f in hold.finalizers):
+        holds = {
+            sid: Hold(
+                finalizers=tuple(f for f in hold.finalizers if f not in GC_FINALIZERS),
+                leavingSince=hold.leavingSince,
+            )
+            for sid, hold in holds.items()
+        }
+    return holds
 
 
 def render_holds(holds: Mapping[str, Hold]) -> str | None:
@@ -249,10 +274,12 @@ def plan_write(
     leaving the object (:func:`guards`; else :class:`~vwserver.errors.HeldFinalizer`).
     Entries are reduced to the finalizers still on the object, so a finalizer removed through
     any slice leaves its holder's entry in the same write (the entry with its last one).
+    Neither of kcp's garbage-collector finalizers may come or go (:func:`check_gc_finalizers`).
     """
-    recorded = parse_holds((stored_annotations or {}).get(HOLDS_ANNOTATION))
     before = list(stored_finalizers or ())
     after = list(result_finalizers or ())
+    check_gc_finalizers(before, after)
+    recorded = parse_holds((stored_annotations or {}).get(HOLDS_ANNOTATION))
     after_set = set(after)
     for sid, hold in recorded.items():
         if sid == member.id or not guards(
@@ -274,6 +301,45 @@ def plan_write(
         holds[member.id] = Hold(finalizers=merged, leavingSince=mine.leavingSince)
     value = render_holds(holds)
     return WritePlan(annotation=value, changed=value != render_holds(recorded))
+
+
+def check_gc_finalizers(before: Iterable[str] | None, after: Iterable[str] | None) -> None:
+    """Refuses (:class:`~vwserver.errors.GCFinalizer`, 422) a write whose finalizers go from
+    ``before`` to ``after`` adding or removing one of :data:`GC_FINALIZERS`.
+
+    They belong to kcp's garbage collector. A DELETE with ``propagationPolicy=Orphan`` sets
+    ``orphan``; the collector removes the dependents' ownerReferences, then the finalizer. A
+    slice that removed it first would let the owner go while its dependents still name it, and
+    the collector deletes a dependent whose owners are all gone — one outside the slice too,
+    which the DELETE's dependents check let through only because it orphaned them. Removing
+    ``foregroundDeletion`` early makes a foreground deletion a background one. Adding either
+    to a live object decides the propagation of a later DELETE that names none (also one made
+    outside the slice); the apiserver itself refuses new finalizers on an object being deleted.
+    Only DELETE (through the dependents check) changes them, as in Kubernetes."""
+    was = {f for f in before or () if f in GC_FINALIZERS}
+    now = {f for f in after or () if f in GC_FINALIZERS}
+    if was == now:
+        return
+    changes = [f"adds {f!r}" for f in sorted(now - was)] + [
+        f"removes {f!r}" for f in sorted(was - now)
+    ]
+    message = (
+        f"the write {' and '.join(changes)}: the finalizers {', '.join(map(repr, GC_FINALIZERS))} "
+        "belong to kcp's garbage collector, and a write through a slice can neither add nor "
+        "remove them (a DELETE's propagationPolicy sets them)"
+    )
+    raise GCFinalizer(
+        f"metadata.finalizers: {message}",
+        details={
+            "causes": [
+                {
+                    "reason": "FieldValueForbidden",
+                    "message": message,
+                    "field": "metadata.finalizers",
+                }
+            ]
+        },
+    )
 
 
 def guards(

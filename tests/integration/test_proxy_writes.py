@@ -183,3 +183,59 @@ async def test_malformed_bodies_are_400(env: Env) -> None:
         env, "PATCH", env.widgets() + "/w0", b"{}", headers={"Content-Type": "text/plain"}
     )
     assert status in (400, 415)
+
+
+async def test_gc_finalizers_are_kcps_on_every_write_path(env: Env) -> None:
+    """``orphan``/``foregroundDeletion`` are kcp's garbage collector's: no write through a slice
+    adds or removes them (issue 22, finding 12; the real-kcp proof of the harm is in
+    tests/security/test_write_options_kcp.py)."""
+    obj = widget("gc1", env="prod", region="eu")
+    obj["metadata"]["finalizers"] = ["orphan", "x.example/f"]
+    env.fake.create(cluster="c1", obj=obj)
+    url = env.widgets() + "/gc1"
+    current = stored(env, "gc1")
+    assert current is not None
+    put = {**current, "metadata": {**current["metadata"], "finalizers": ["x.example/f"]}}
+    for body, headers in (
+        ([{"op": "remove", "path": "/metadata/finalizers/0"}], JSONPATCH),
+        ({"metadata": {"finalizers": ["x.example/f"]}}, MERGE),
+        ({"metadata": {"finalizers": ["orphan", "foregroundDeletion"]}}, MERGE),
+        (put, {"Content-Type": "application/json"}),
+    ):
+        method = "PUT" if body is put else "PATCH"
+        status, doc = await send(env, method, url, body, headers=headers)
+        assert status == 422, (body, doc)
+        assert "garbage collector" in doc["message"], doc
+    after = stored(env, "gc1")
+    assert after is not None
+    assert after["metadata"]["finalizers"] == ["orphan", "x.example/f"]
+    # the slice's own finalizer beside kcp's: fine
+    status, doc = await send(
+        env, "PATCH", url, [{"op": "remove", "path": "/metadata/finalizers/1"}], headers=JSONPATCH
+    )
+    assert status == 200, doc
+    assert doc["metadata"]["finalizers"] == ["orphan"]
+    # adding, on a live object: every path
+    live = env.widgets() + "/w0"
+    apply = (
+        "apiVersion: example.io/v1alpha1\nkind: Widget\nmetadata:\n  name: w0\n  namespace: ns1\n"
+        "  labels: {env: prod}\n  finalizers: [foregroundDeletion]\n"
+    )
+    w0 = stored(env, "w0")
+    assert w0 is not None
+    for body, headers, params in (
+        ({"metadata": {"finalizers": ["orphan"]}}, MERGE, None),
+        ([{"op": "add", "path": "/metadata/finalizers", "value": ["orphan"]}], JSONPATCH, None),
+        (apply, APPLY, {"fieldManager": "test"}),
+    ):
+        status, doc = await send(env, "PATCH", live, body, headers=headers, params=params)
+        assert status == 422, (body, doc)
+    w0_put = {**w0, "metadata": {**w0["metadata"], "finalizers": ["foregroundDeletion"]}}
+    status, doc = await send(env, "PUT", live, w0_put)
+    assert status == 422, doc
+    created = widget("gc2", env="prod")
+    created["metadata"]["finalizers"] = ["orphan"]
+    status, doc = await send(env, "POST", env.widgets(), created)
+    assert status == 422, doc
+    assert stored(env, "gc2") is None
+    assert (stored(env, "w0") or {})["metadata"].get("finalizers") in (None, [])

@@ -15,8 +15,11 @@ relabel while removing), scans with hold timeouts, the escape hatch and a real d
    (only through that slice, by the escape hatch or by the hold timeout), and that slice can
    always release it;
 3. a deletion always completes: once deleted, if every slice's controller finishes what it
-   can (each seeing slice removes every finalizer it may), the object ends with no
-   finalizers — within the default hold bound at the latest.
+   can (each seeing slice removes every finalizer it may) and kcp's garbage collector its
+   own, the object ends with no finalizers — within the default hold bound at the latest;
+4. kcp's garbage-collector finalizers (``orphan``, ``foregroundDeletion``; set by a DELETE's
+   propagation, removed by kcp's collector — also steps of the history) are added and removed
+   through no slice, and no hold records them (issue 22, finding 12).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vwserver.controller.handoff import decide
-from vwserver.errors import HeldFinalizer
+from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
 from vwserver.holds import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
+    FOREGROUND_FINALIZER,
+    GC_FINALIZERS,
     HOLDS_ANNOTATION,
+    ORPHAN_FINALIZER,
     RELEASE_ANNOTATION,
     Member,
     effective_holds,
@@ -53,6 +59,8 @@ SELECTORS = {
 }
 # Each slice's controller uses its own finalizer name; any slice may write any of them.
 NAMES = [f"{sid.removeprefix('ws/')}.example/cleanup" for sid in SELECTORS] + ["x.example/f"]
+# ... and kcp's garbage collector's, which a client may try to write too.
+WRITTEN = [*NAMES, *GC_FINALIZERS]
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
@@ -106,11 +114,11 @@ class Obj:
 
 def attempt(
     obj: Obj, sid: str, after: list[str], *, labels: dict[str, str] | None = None
-) -> str | HeldFinalizer | None:
+) -> str | Invalid | None:
     """A write through ``sid`` of the finalizers (and labels), as the proxy takes it: the
-    holds annotation it writes, or the 422 / 409 (as HeldFinalizer) refusing it — also the
-    422 for a write that would hide the object from ``sid`` by its relabel. Nothing is
-    changed."""
+    holds annotation it writes, or the 422 / 409 (as HeldFinalizer; GCFinalizer for kcp's
+    garbage-collector finalizers) refusing it — also the 422 for a write that would hide the
+    object from ``sid`` by its relabel. Nothing is changed."""
     assert obj.sees(sid)
     if obj.leaving(sid):
         if labels is not None or not releasable(
@@ -134,7 +142,7 @@ def attempt(
             result_finalizers=after,
             record=record,
         ).annotation
-    except HeldFinalizer as e:
+    except (HeldFinalizer, GCFinalizer) as e:
         return e
     annotations = {**obj.annotations}
     annotations.pop(HOLDS_ANNOTATION, None)
@@ -159,12 +167,38 @@ def write(obj: Obj, sid: str, after: list[str], *, labels: dict[str, str] | None
     if obj.deleted and any(f not in obj.finalizers for f in after):
         return  # the apiserver: no new finalizers on an object being deleted
     result = attempt(obj, sid, after, labels=labels)
-    if isinstance(result, HeldFinalizer):
+    if isinstance(result, Invalid):
         return
     obj.finalizers = after
     if labels is not None:
         obj.labels = labels
     obj.set_holds(result)
+
+
+def delete(obj: Obj, policy: str | None) -> None:
+    """A DELETE in kcp with ``policy``: the apiserver's deletionFinalizersForGarbageCollection
+    (store.go) — its GC finalizers replaced by the one of the propagation (none named: the one
+    of a deletion in progress; else Background, the default of custom resources)."""
+    if policy is None:
+        policy = next(
+            (
+                {ORPHAN_FINALIZER: "Orphan", FOREGROUND_FINALIZER: "Foreground"}[f]
+                for f in obj.finalizers
+                if f in GC_FINALIZERS
+            ),
+            "Background",
+        )
+    kept = [f for f in obj.finalizers if f not in GC_FINALIZERS]
+    wanted = {"Orphan": [ORPHAN_FINALIZER], "Foreground": [FOREGROUND_FINALIZER]}.get(policy, [])
+    obj.finalizers = [*kept, *wanted]
+    obj.deleted = True
+
+
+def collect(obj: Obj) -> None:
+    """kcp's garbage collector has orphaned (deleted) the dependents of an object being
+    deleted, and removes its finalizers (directly in kcp); it leaves a live object's alone."""
+    if obj.deleted:
+        obj.finalizers = [f for f in obj.finalizers if f not in GC_FINALIZERS]
 
 
 def scan(obj: Obj, minutes: int) -> None:
@@ -188,13 +222,23 @@ def scan(obj: Obj, minutes: int) -> None:
 
 def check(obj: Obj) -> None:
     leaving = obj.leaving_holders()
+    for hold in parse_holds(obj.annotations.get(HOLDS_ANNOTATION)).values():
+        assert not set(hold.finalizers) & set(GC_FINALIZERS), obj  # rule 4: nobody's hold
     for sid in SELECTORS:
         if not obj.sees(sid):
             continue
+        for g in GC_FINALIZERS:
+            if g not in obj.finalizers:  # rule 4: no slice adds one
+                assert isinstance(attempt(obj, sid, [*obj.finalizers, g]), Invalid), (sid, g)
         for f in obj.finalizers:
             guarded_by = [h for h, fs in leaving.items() if f in fs and h != sid]
             result = attempt(obj, sid, [x for x in obj.finalizers if x != f])
-            if obj.leaving(sid):
+            if f in GC_FINALIZERS:
+                # Rule 4: no slice removes one (a leaving slice's write is its 409).
+                assert isinstance(result, Invalid), (sid, f, result, obj)
+                if not obj.leaving(sid):
+                    assert isinstance(result, GCFinalizer), (sid, f, result, obj)
+            elif obj.leaving(sid):
                 # Rule 2, the release: a leaving slice removes exactly its own.
                 own = f in effective_holds(obj.annotations, obj.finalizers)[sid].finalizers
                 assert isinstance(result, HeldFinalizer) != own, (sid, f, obj)
@@ -220,6 +264,7 @@ def drain(obj: Obj) -> None:
                 continue
             for f in list(obj.finalizers):
                 write(obj, sid, [x for x in obj.finalizers if x != f])
+        collect(obj)
         if not obj.finalizers:
             return
         scan(obj, 1)
@@ -229,7 +274,8 @@ def drain(obj: Obj) -> None:
 
 regions = st.sampled_from(["a", "b", "x"])
 slices = st.sampled_from(sorted(SELECTORS))
-names = st.sampled_from(NAMES)
+names = st.sampled_from(WRITTEN)
+policies = st.sampled_from([None, "Orphan", "Foreground", "Background"])
 operations = st.one_of(
     st.tuples(st.just("relabel"), regions, st.booleans()),
     st.tuples(st.just("add"), slices, names),
@@ -237,7 +283,8 @@ operations = st.one_of(
     st.tuples(st.just("relabel-remove"), slices, regions, names),
     st.tuples(st.just("scan"), st.integers(min_value=0, max_value=90)),
     st.tuples(st.just("release"), st.sampled_from([*sorted(SELECTORS), "*"])),
-    st.tuples(st.just("delete")),
+    st.tuples(st.just("delete"), policies),
+    st.tuples(st.just("collect")),
 )
 
 
@@ -271,8 +318,10 @@ def test_finalizers_are_finished_by_whoever_sees_the_object_and_kept_for_a_leavi
             case ("release", target):
                 obj.annotations[RELEASE_ANNOTATION] = str(target)
                 scan(obj, 0)
-            case ("delete",):
-                obj.deleted = True
+            case ("delete", policy):
+                delete(obj, None if policy is None else str(policy))
+            case ("collect",):
+                collect(obj)
         check(obj)
     drain(obj)
 

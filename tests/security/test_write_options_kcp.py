@@ -72,14 +72,18 @@ class Kit:
         env: str = "prod",
         owner: dict[str, Any] | None = None,
         finalizers: list[str] | None = None,
+        blocks_owner: bool = False,
     ) -> dict[str, Any]:
-        """A widget created directly in kcp."""
+        """A widget created directly in kcp (``blocks_owner``: its ownerReference has
+        ``blockOwnerDeletion``, so a foreground deletion of the owner waits for it)."""
         meta: dict[str, Any] = {"name": name, "labels": {"env": env, "t": self.namespace}}
         if owner is not None:
             om = owner["metadata"]
             meta["ownerReferences"] = [
                 {"apiVersion": API, "kind": "Widget", "name": om["name"], "uid": om["uid"]}
             ]
+            if blocks_owner:
+                meta["ownerReferences"][0]["blockOwnerDeletion"] = True
         if finalizers:
             meta["finalizers"] = finalizers
         body = {"apiVersion": API, "kind": "Widget", "metadata": meta, "spec": {"size": 1}}
@@ -630,6 +634,232 @@ async def test_owner_with_dependents_in_the_slice_only(kit: Kit) -> None:
         lambda: _gone(kit, mine["metadata"]["name"]),
         within=GC_WAIT,
     )
+
+
+# --- finding 12, its residual: kcp's garbage-collector finalizers ---------------------------------
+
+GC_PIN = "vwserver-test-gc-pin"
+
+
+@contextlib.asynccontextmanager
+async def gc_pinned(kit: Kit, prefix: str) -> AsyncIterator[None]:
+    """While inside, kcp refuses (a ValidatingAdmissionPolicy; kcp reads those of a bound
+    resource from the APIExport's workspace, the provider's) every update that leaves a widget of the kit's namespace named ``prefix…`` without
+    ownerReferences — kcp's garbage collector too, whose orphaning of such a dependent then
+    fails and is retried: an owner deleted with propagationPolicy=Orphan stays Terminating with
+    the ``orphan`` finalizer, deterministically, instead of for the collector's few ms."""
+    name = f"{GC_PIN}-{kit.namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["example.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["UPDATE"],
+                        "resources": ["widgets"],
+                    }
+                ],
+                "objectSelector": {"matchLabels": {"t": kit.namespace}},
+            },
+            "matchConditions": [
+                {"name": "pinned", "expression": f"object.metadata.name.startsWith('{prefix}')"}
+            ],
+            "validations": [
+                {
+                    "expression": "has(object.metadata.ownerReferences)",
+                    "message": "pinned by the test: the ownerReferences stay",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    manifest = yaml.safe_dump_all([policy, binding])
+    server = kit.world.provider.url
+    await kit.kcp.kubectl("apply", "-f", "-", input=manifest, server=server)
+    try:
+        yield
+    finally:
+        await kit.kcp.kubectl(
+            "delete", "-f", "-", "--ignore-not-found", input=manifest, server=server
+        )
+
+
+async def _pin_holds(kit: Kit, name: str) -> bool:
+    """Whether kcp refuses to take ``name``'s ownerReferences away (a dry run)."""
+    async with kit.admin.patch(
+        f"{kit.direct}/{name}",
+        params={"dryRun": "All"},
+        data=json.dumps({"metadata": {"ownerReferences": None}}),
+        headers={"Content-Type": MERGE},
+    ) as r:
+        return r.status in (400, 403, 422)
+
+
+def _gc_refused(status: int, doc: Any, finalizer: str) -> bool:
+    return (
+        status == 422
+        and "garbage collector" in doc["message"]
+        and finalizer in doc["message"]
+        and doc["details"]["causes"][0]["field"] == "metadata.finalizers"
+    )
+
+
+async def test_orphan_finalizer_stays_until_kcps_gc_removes_it(kit: Kit) -> None:
+    """The residual gap: owner deleted with Orphan through the slice; before kcp's collector
+    has orphaned the dependents, the slice removes ``orphan`` — kcp then let the owner go and
+    its collector deleted the dependent outside the slice. Every write path is refused now, and
+    the dependent outside the slice survives (orphaned, once the collector can do its work)."""
+    prefix = unique("gcpin")
+    async with gc_pinned(kit, prefix):
+        owner = await kit.create(unique("gcowner"))  # not pinned: kcp may update it
+        hidden = await kit.create(f"{prefix}-hidden", env="dev", owner=owner)
+        name, hidden_name = owner["metadata"]["name"], hidden["metadata"]["name"]
+        await until("the pin in force", lambda: _pin_holds(kit, hidden_name), within=GC_WAIT)
+        url = f"{kit.through()}/{name}"
+        status, doc = await kit.send("DELETE", url, params={"propagationPolicy": "Orphan"})
+        assert status == 200, doc
+        terminating = await kit.stored(name)
+        assert terminating is not None
+        assert terminating["metadata"]["deletionTimestamp"]
+        assert terminating["metadata"]["finalizers"] == ["orphan"]
+        put = {**terminating, "metadata": {**terminating["metadata"], "finalizers": []}}
+        refused = []
+        for how, method, target, body, content_type in (
+            (
+                "json patch",
+                "PATCH",
+                url,
+                [{"op": "remove", "path": "/metadata/finalizers/0"}],
+                JSON_PATCH,
+            ),
+            (
+                "json patch, whole list",
+                "PATCH",
+                url,
+                [{"op": "replace", "path": "/metadata/finalizers", "value": []}],
+                JSON_PATCH,
+            ),
+            ("merge patch", "PATCH", url, {"metadata": {"finalizers": None}}, MERGE),
+            ("update", "PUT", url, put, "application/json"),
+        ):
+            status, doc = await kit.send(method, target, body=body, content_type=content_type)
+            refused.append((how, _gc_refused(status, doc, "orphan"), status, doc))
+            if await kit.stored(name) is None:
+                # The gap: the owner went before its dependents were orphaned; kcp's collector
+                # (not pinned for deletes) now deletes the dependent outside the slice.
+                await until(
+                    "the dependent collected", lambda: _gone(kit, hidden_name), within=GC_WAIT
+                )
+                pytest.fail(
+                    f"{how} ({status}) removed 'orphan' through the slice: the owner went and "
+                    f"kcp's garbage collector deleted {hidden_name}, outside the slice"
+                )
+        # A status write ignores metadata (CRD status subresource): the finalizer stays.
+        status, doc = await kit.send("PUT", f"{url}/status", body=put)
+        assert status == 200, doc
+        after = await kit.stored(name)
+        assert after is not None and after["metadata"]["finalizers"] == ["orphan"], after
+
+    # The pin is off: kcp's collector orphans the dependent, then lets the owner go.
+    async def orphaned() -> bool:
+        now = await kit.stored(hidden_name)
+        assert now is not None, "kcp's garbage collector deleted the dependent outside the slice"
+        return not now["metadata"].get("ownerReferences")
+
+    await until("the dependent outside the slice orphaned", orphaned, within=4 * GC_WAIT)
+    await until("the owner gone", lambda: _gone(kit, name), within=4 * GC_WAIT)
+    assert all(ok for _, ok, _, _ in refused), refused
+
+
+async def test_foreground_deletion_finalizer_stays_until_kcps_gc_removes_it(kit: Kit) -> None:
+    """A foreground deletion through the slice (its dependent in the slice) waits for a
+    dependent that blocks it, here kept by its own finalizer: the owner stays Terminating with
+    ``foregroundDeletion``. Removing that through the slice would let the owner go first (a
+    foreground deletion made a background one): refused; once the dependent is gone, kcp's
+    collector removes it and the owner goes."""
+    owner = await kit.create(unique("fgowner"))
+    dependent = await kit.create(
+        unique("fgdep"), owner=owner, finalizers=["x.example/hold"], blocks_owner=True
+    )
+    name, dep = owner["metadata"]["name"], dependent["metadata"]["name"]
+    url = f"{kit.through()}/{name}"
+    status, doc = await kit.send("DELETE", url, params={"propagationPolicy": "Foreground"})
+    assert status == 200, doc
+
+    async def dependent_deleting() -> bool:
+        now = await kit.stored(dep)
+        return now is not None and bool(now["metadata"].get("deletionTimestamp"))
+
+    await until("kcp's collector deleting the dependent", dependent_deleting, within=GC_WAIT)
+    terminating = await kit.stored(name)
+    assert terminating is not None
+    assert terminating["metadata"]["finalizers"] == ["foregroundDeletion"]
+    put = {**terminating, "metadata": {**terminating["metadata"], "finalizers": []}}
+    for body, content_type in (
+        ([{"op": "remove", "path": "/metadata/finalizers/0"}], JSON_PATCH),
+        ({"metadata": {"finalizers": None}}, MERGE),
+        (put, "application/json"),
+    ):
+        method = "PUT" if body is put else "PATCH"
+        status, doc = await kit.send(method, url, body=body, content_type=content_type)
+        assert _gc_refused(status, doc, "foregroundDeletion"), (content_type, status, doc)
+        assert await kit.stored(name) is not None, "the owner went before its dependent"
+    # The slice finishes the dependent's own finalizer; kcp's collector then lets the owner go.
+    status, doc = await kit.send(
+        "PATCH",
+        f"{kit.through()}/{dep}",
+        body=[{"op": "remove", "path": "/metadata/finalizers/0"}],
+        content_type=JSON_PATCH,
+    )
+    assert status == 200, doc
+    await until("the dependent gone", lambda: _gone(kit, dep), within=GC_WAIT)
+    await until("the owner gone", lambda: _gone(kit, name), within=GC_WAIT)
+
+
+async def test_gc_finalizers_are_not_added_through_a_slice(kit: Kit) -> None:
+    """Adding ``orphan`` / ``foregroundDeletion`` to a live object decides what a later DELETE
+    naming no propagation does (kcp reads the finalizers): refused on every write path."""
+    live = await kit.create(unique("gcadd"))
+    name = live["metadata"]["name"]
+    url = f"{kit.through()}/{name}"
+    for finalizer in ("orphan", "foregroundDeletion"):
+        for body, content_type in (
+            ({"metadata": {"finalizers": [finalizer]}}, MERGE),
+            ([{"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}], JSON_PATCH),
+            (
+                f"apiVersion: {API}\nkind: Widget\nmetadata:\n  name: {name}\n"
+                f"  labels: {{env: prod}}\n  finalizers: [{finalizer}]\n",
+                APPLY,
+            ),
+        ):
+            params = {"fieldManager": "gc-test"} if content_type == APPLY else None
+            status, doc = await kit.send(
+                "PATCH", url, params=params, body=body, content_type=content_type
+            )
+            assert _gc_refused(status, doc, finalizer), (content_type, status, doc)
+        now = await kit.stored(name)
+        put = {**now, "metadata": {**now["metadata"], "finalizers": [finalizer]}}
+        status, doc = await kit.send("PUT", url, body=put)
+        assert _gc_refused(status, doc, finalizer), (status, doc)
+        created = {
+            "apiVersion": API,
+            "kind": "Widget",
+            "metadata": {"name": unique("gcnew"), "finalizers": [finalizer]},
+            "spec": {"size": 1},
+        }
+        status, doc = await kit.send("POST", kit.through(), body=created)
+        assert _gc_refused(status, doc, finalizer), (status, doc)
+    assert (await kit.stored(name) or {})["metadata"].get("finalizers") is None
 
 
 # --- booleans: the spellings kcp and strconv.ParseBool read differently --------------------------

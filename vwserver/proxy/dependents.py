@@ -33,16 +33,12 @@ from vwserver.cache.entries import Entry, Meta
 from vwserver.cache.shared import SharedResource
 from vwserver.cache.views import leaving, visible
 from vwserver.errors import Conflict, UpstreamUnavailable
+from vwserver.holds import FOREGROUND_FINALIZER, ORPHAN_FINALIZER
 from vwserver.proxy.cached import api_path
 from vwserver.proxy.context import ProxyRequest
 
 # How long a DELETE waits for the first list of the deleted resource's cache.
 SYNC_WAIT: Final = 10.0
-
-# Finalizers the apiserver sets for a deletion in progress (store.go): they decide the
-# propagation of a later DELETE that names none.
-_ORPHAN_FINALIZER: Final = "orphan"
-_FOREGROUND_FINALIZER: Final = "foregroundDeletion"
 
 
 class _Reference(msgspec.Struct):
@@ -72,9 +68,9 @@ def orphans(options: Mapping[str, Any], *, finalizers: Iterable[str] | None) -> 
     if policy is not None:
         return bool(policy == "Orphan")
     for finalizer in finalizers or ():
-        if finalizer == _ORPHAN_FINALIZER:
+        if finalizer == ORPHAN_FINALIZER:
             return True
-        if finalizer == _FOREGROUND_FINALIZER:
+        if finalizer == FOREGROUND_FINALIZER:
             return False
     return False
 
