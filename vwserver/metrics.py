@@ -9,15 +9,22 @@ Label cardinality is bounded by construction: ``slice`` is ``<cluster>/<name>`` 
 route table and :data:`UNKNOWN` for anything else (a client can put any name in a URL, and each
 would otherwise become a time series); ``verb`` is one of the apiserver's verbs; ``code`` one of
 the HTTP status codes the proxy answers; the other labels are fixed sets named below. The shared
-watch cache's ``resource`` label is the upstream collection it follows (``<virtual workspace>/
-clusters/*/<api path>``): one per served resource and upstream shard, bounded by the
+watch cache's metrics name the upstream collection a cache follows by ``resource``, its path in
+the virtual workspace (``/services/apiexport/<export cluster>/<export>/clusters/*/<api path>``),
+and ``shard``, a digest of the shard's origin (:func:`upstream_name`, which ``/debug/cache``
+uses too): ``/metrics`` is served unauthenticated on the slice listener, and kcp's address is
+none of its callers' business. One per served resource and upstream shard, bounded by the
 configuration.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,6 +44,39 @@ SYNTHESIZED = "synthesized"  # replaced by a synthetic DELETED (an object that l
 UNREACHABLE = "unreachable"  # no answer: connect failed, timed out, or the connection broke
 BAD_GATEWAY = "bad_gateway"  # an answer the proxy cannot use (undecodable, too large, ...)
 UPSTREAM_5XX = "5xx"  # the upstream answered with a 5xx status, relayed to the client
+
+
+@dataclass(frozen=True)
+class UpstreamName:
+    """How vwserver names an upstream collection where kcp's address must not show (the
+    metrics' labels, ``/debug/cache``): its ``path`` in the virtual workspace and its ``shard``,
+    the first 12 hex digits of the SHA-256 of the shard's origin (``scheme://host:port``), which
+    tells two shards apart without naming either."""
+
+    path: str
+    shard: str
+    _origin: str
+    _netloc: str
+
+    def labels(self) -> dict[str, str]:
+        """The metrics' labels for the collection."""
+        return {"resource": self.path, "shard": self.shard}
+
+    def scrub(self, text: str) -> str:
+        """``text`` (e.g. an error message about this collection) with the shard's origin and
+        host:port replaced by ``<kcp>``."""
+        return text.replace(self._origin, "<kcp>").replace(self._netloc, "<kcp>")
+
+
+@functools.lru_cache(maxsize=1024)
+def upstream_name(url: str) -> UpstreamName:
+    """The :class:`UpstreamName` of the upstream collection ``url`` (its path may carry a
+    suffix such as `` (as Table)``: kept)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    digest = hashlib.sha256(origin.encode()).hexdigest()[:12]
+    return UpstreamName(path=parts.path, shard=digest, _origin=origin, _netloc=parts.netloc)
+
 
 # Request latency buckets: the default ones up to 10 s, plus 30 s and 60 s for large LISTs that the
 # proxy pages itself.
@@ -140,16 +180,18 @@ class ServerMetrics:
 
         self.cache_restarts = Counter(
             "vwserver_cache_reflector_restarts",
-            "Restarts of a shared watch cache's upstream list+watch, by resource and cause "
-            "(gone: the resourceVersion expired, relisted; error: retried with backoff).",
-            ["resource", "cause"],
+            "Restarts of a shared watch cache's upstream list+watch, by resource (its path in "
+            "the virtual workspace), shard (a digest of the shard's origin) and cause (gone: "
+            "the resourceVersion expired, relisted; error: retried with backoff).",
+            ["resource", "shard", "cause"],
             registry=r,
         )
         self.cache_terminations = Counter(
             "vwserver_cache_watch_terminations",
-            "Watches the shared cache ended, by resource and reason: overflowed (the client fell "
+            "Watches the shared cache ended, by resource (its path in the virtual workspace), "
+            "shard (a digest of the shard's origin) and reason: overflowed (the client fell "
             "behind its queue), relisted (the cache relisted after a 410 upstream).",
-            ["resource", "reason"],
+            ["resource", "shard", "reason"],
             registry=r,
         )
         self.cache_reads = Counter(
@@ -204,6 +246,14 @@ class ServerMetrics:
             count = self._upstream_counts[method] = self.upstream_requests.labels(method)
         count.inc()
 
+    def cache_restarted(self, *, url: str, cause: str) -> None:
+        """Count a restart of the shared cache of the upstream collection ``url``."""
+        self.cache_restarts.labels(**upstream_name(url).labels(), cause=cause).inc()
+
+    def cache_watch_ended(self, *, url: str, reason: str) -> None:
+        """Count a watch that the shared cache of the upstream collection ``url`` ended."""
+        self.cache_terminations.labels(**upstream_name(url).labels(), reason=reason).inc()
+
     def watch_cache(self, stats: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         """Report the shared watch cache's gauges from ``stats`` (one mapping per resource,
         :meth:`vwserver.cache.registry.CacheRegistry.stats`), read at every scrape."""
@@ -240,7 +290,8 @@ class _CacheCollector:
         source = self._metrics._cache_stats
         rows = list(source()) if source is not None else []
         for field, name, documentation in _CACHE_GAUGES:
-            family = GaugeMetricFamily(name, documentation, labels=["resource"])
+            family = GaugeMetricFamily(name, documentation, labels=["resource", "shard"])
             for row in rows:
-                family.add_metric([str(row["url"])], float(row[field]))
+                shown = upstream_name(str(row["url"]))
+                family.add_metric([shown.path, shown.shard], float(row[field]))
             yield family

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import ipaddress
 import logging
 import os
@@ -46,7 +45,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -68,7 +66,7 @@ from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import SERVICE_ACCOUNT_DIR, ClientAuth
 from vwserver.k8s.lease import LeaderElector
 from vwserver.listener import ConnectionLimits, GuardedSite, listening
-from vwserver.metrics import ServerMetrics
+from vwserver.metrics import ServerMetrics, upstream_name
 from vwserver.proxy.handler import ProxyHandler, record_headers_sent
 from vwserver.proxy.paths import PREFIX
 from vwserver.proxy.upstream import UpstreamClient
@@ -272,19 +270,17 @@ def _debug_cache(cache: CacheRegistry) -> Callable[[web.Request], Awaitable[web.
 
 def debug_cache_rows(stats: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``/debug/cache``'s rows: the cache's stats with kcp's address taken out. A resource is
-    named by its ``path`` in the virtual workspace and its ``shard`` (a digest of the shard's
-    origin, which tells two shards apart without naming either); the origin is cut out of
-    ``last_error`` too."""
+    named as the metrics name it (:func:`vwserver.metrics.upstream_name`): by its ``path`` in
+    the virtual workspace and its ``shard`` (a digest of the shard's origin, which tells two
+    shards apart without naming either); the origin is cut out of ``last_error`` too."""
     rows = []
     for row in stats:
-        url = urlsplit(str(row["url"]))
-        origin = f"{url.scheme}://{url.netloc}"
+        name = upstream_name(str(row["url"]))
         shown = {k: v for k, v in row.items() if k != "url"}
         error = shown.get("last_error")
         if isinstance(error, str):
-            shown["last_error"] = error.replace(origin, "<kcp>").replace(url.netloc, "<kcp>")
-        digest = hashlib.sha256(origin.encode()).hexdigest()[:12]
-        rows.append({"path": url.path, "shard": digest, **shown})
+            shown["last_error"] = name.scrub(error)
+        rows.append({"path": name.path, "shard": name.shard, **shown})
     return rows
 
 

@@ -431,10 +431,13 @@ async def test_client_certificates(secured: Secured) -> None:
                 pytest.fail(f"a rogue certificate got an answer: {r.status}")
 
 
-async def test_impersonation_headers_do_not_change_who_kcp_sees(secured: Secured) -> None:
+async def test_impersonation_through_a_slice_is_refused(secured: Secured) -> None:
+    """``kubectl --as`` through a slice gets an error, not the caller's list: vwserver cannot
+    act as another user, and answering as the caller was a request other than the one sent
+    (#22, the class of finding 1)."""
     world = secured.world
     spoof = {"Impersonate-User": "bob", "Impersonate-Group": "system:masters"}
-    # kcp honours these headers: vwserver's identity may not impersonate, so kcp would refuse ...
+    # kcp honours these headers: vwserver's identity may not impersonate, so kcp refuses it ...
     vw = f"{world.vw_url}/clusters/*/apis/example.io/v1alpha1/widgets"
     async with (
         aiohttp.ClientSession(
@@ -443,11 +446,34 @@ async def test_impersonation_headers_do_not_change_who_kcp_sees(secured: Secured
         s.get(vw, headers={"Authorization": f"Bearer {secured.sa_auth.token}", **spoof}) as r,
     ):
         assert r.status == 403
-    # ... but through vwserver they never arrive: kcp sees vwserver's identity and answers.
+    # ... and vwserver refuses them too, before it asks kcp anything (a wrong token is not
+    # even reviewed: the same 403)
     url = secured.url(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
-    status, body = await request(secured, "GET", url, headers={**token(world, "alice"), **spoof})
-    assert status == 200
-    assert body["items"]
+    for credentials in (token(world, "alice"), {"Authorization": "Bearer not-a-token"}):
+        status, body = await request(secured, "GET", url, headers={**credentials, **spoof})
+        assert (status, body["kind"], body["reason"]) == (403, "Status", "Forbidden")
+        assert body["message"].startswith("impersonation is not supported through a slice")
+    raw = secured.raw_path(SLICE_A, "*", "/apis/example.io/v1alpha1/widgets")
+    as_others = (("--as=bob",), ("--as=alice",), ("--as=bob", "--as-group=system:masters"),
+                 ("--as=bob", "--as-uid=1"))  # fmt: skip
+    for context in ("alice", "wrong"):
+        for as_other in as_others:
+            out = await secured.kubectl(
+                context, SLICE_A, "*", "get", "widgets", "-A", "-o", "json", *as_other,
+                check=False,
+            )  # fmt: skip
+            assert out.returncode != 0, (context, as_other, out.stdout[:300])
+            assert "(Forbidden)" in out.stderr, out.stderr
+            # (kubectl -o json prints an empty List beside the error)
+            assert not out.stdout.strip() or json.loads(out.stdout)["items"] == [], out.stdout
+            out = await secured.kubectl(
+                context, SLICE_A, "*", "get", "--raw", raw, *as_other, check=False
+            )
+            assert out.returncode != 0
+            assert "impersonation is not supported through a slice" in out.stderr, out.stderr
+    # without --as alice gets her list, as always
+    out = await secured.kubectl("alice", SLICE_A, "*", "get", "widgets", "-A", "-o", "json")
+    assert json.loads(out.stdout)["items"]
 
 
 async def test_certificate_rotation_keeps_an_open_watch(secured: Secured) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -151,3 +152,35 @@ async def test_a_thousand_watches_are_one_upstream_watch(
                 )
         finally:
             await registry.aclose()
+
+
+async def test_metrics_and_readyz_never_show_kcps_address(
+    kcp: KcpInstance, world: Bootstrap
+) -> None:
+    """``/metrics`` and ``/readyz`` are unauthenticated on the slice listener: with the cache
+    following kcp (objects and Tables), they name a resource by its path in the virtual
+    workspace and a digest of its shard, never kcp's host:port (#22 finding 13)."""
+    host_port = urlsplit(kcp.url).netloc
+    path = urlsplit(world.vw_url).path + f"/clusters/*/{world.api_path}/{world.resource}"
+    table = "application/json;as=Table;v=v1;g=meta.k8s.io"
+    async with (
+        slices_over_kcp(
+            kcp, world, slices={"prod": Selector.parse("env=prod")}, page_size=50, cache=True
+        ) as base,
+        aiohttp.ClientSession() as session,
+    ):
+        url = (
+            f"{base}/services/filtered-apiexport/{world.provider.cluster}/prod"
+            f"/clusters/*/{world.api_path}/{world.resource}?resourceVersion=0"
+        )
+        for accept in ("application/json", table):
+            async with session.get(url, headers={"Accept": accept}) as r:
+                assert r.status == 200, await r.text()
+        async with session.get(f"{base}/metrics") as r:
+            metrics = await r.text()
+        async with session.get(f"{base}/readyz") as r:
+            readyz = await r.text()
+    assert f'vwserver_cache_synced{{resource="{path}",shard="' in metrics, metrics
+    assert f'vwserver_cache_synced{{resource="{path} (as Table)",shard="' in metrics, metrics
+    for text in (metrics, readyz):
+        assert host_port not in text, text

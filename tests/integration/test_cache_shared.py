@@ -31,7 +31,7 @@ from vwserver.cache.store import Expired
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.metrics import ServerMetrics
+from vwserver.metrics import ServerMetrics, upstream_name
 
 WAIT = 10.0
 API_PATH = "/apis/example.io/v1alpha1/widgets"
@@ -192,7 +192,7 @@ async def test_a_subscriber_that_falls_behind_is_ended_and_the_others_go_on(env:
         assert resource.subscribers == 1 and slow.max_depth == 2
         sample = metrics.registry.get_sample_value(
             "vwserver_cache_watch_terminations_total",
-            {"resource": resource.url, "reason": "overflowed"},
+            {**upstream_name(resource.url).labels(), "reason": "overflowed"},
         )
         assert sample == 1
 
@@ -219,12 +219,13 @@ async def test_a_410_upstream_relists_and_ends_every_subscription(env: Env) -> N
         assert "c2/x5" in names(resource)
         assert resource.store.oldest_rv == resource.store.rv  # the window starts over
         gone = metrics.registry.get_sample_value(
-            "vwserver_cache_reflector_restarts_total", {"resource": resource.url, "cause": "gone"}
+            "vwserver_cache_reflector_restarts_total",
+            {**upstream_name(resource.url).labels(), "cause": "gone"},
         )
         assert gone == 1
         relisted = metrics.registry.get_sample_value(
             "vwserver_cache_watch_terminations_total",
-            {"resource": resource.url, "reason": "relisted"},
+            {**upstream_name(resource.url).labels(), "reason": "relisted"},
         )
         assert relisted == 1
         # after the relist it follows again
@@ -309,7 +310,11 @@ async def test_the_registry_shares_resources_and_stops_idle_ones(env: Env) -> No
         assert (stats["objects"], stats["synced"], stats["users"]) == (4, True, 2)
         assert stats["rv"] == env.fake.resource_version and stats["last_error"] is None
         text = metrics.render().decode()
-        assert f'vwserver_cache_objects{{resource="{first.url}"}} 4.0' in text
+        shown = upstream_name(first.url)
+        assert (
+            f'vwserver_cache_objects{{resource="{shown.path}",shard="{shown.shard}"}} 4.0' in text
+        )
+        assert env.vw.split("/")[2] not in text  # no kcp host:port in /metrics
         registry.release(first)
         registry.release(second)
         assert first.idle

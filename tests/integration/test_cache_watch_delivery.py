@@ -31,7 +31,7 @@ from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.metrics import ServerMetrics
+from vwserver.metrics import ServerMetrics, upstream_name
 from vwserver.proxy import cached
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
@@ -72,7 +72,8 @@ class Served:
     def terminations(self, reason: str) -> float:
         url = self.registry.stats()[0]["url"]
         value = self.metrics.registry.get_sample_value(
-            "vwserver_cache_watch_terminations_total", {"resource": url, "reason": reason}
+            "vwserver_cache_watch_terminations_total",
+            {**upstream_name(url).labels(), "reason": reason},
         )
         return value or 0.0
 

@@ -3,6 +3,9 @@
 * ``/debug/cache`` (every shared resource of the watch cache: the whole export's object counts)
   is served on the health listener bound to loopback only — 404 on the slice listener, 404 on
   a health listener that is not loopback-only — and never names kcp's address;
+* ``/metrics`` and ``/readyz`` (unauthenticated on the slice listener) never name kcp's address
+  either: the cache's metrics name a resource as ``/debug/cache`` does, by its path in the
+  virtual workspace and a digest of its shard (#22 follow-up of finding 13);
 * no response on any listener carries a ``Server`` header (aiohttp's ``Python/3.x aiohttp/3.x``
   named the stack): the proxy's answers, 404s of unknown paths, the answers to malformed
   requests written before any handler, the health endpoints.
@@ -24,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from devenv.kcp import free_ports
-from fakekcp.upstream import start_fake_upstream
-from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for
+from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
 from tests.integration.test_auth import fake_kcp
 from tests.integration.test_syncer_health import State
 from tests.security.test_hostile_clients import Answer, read_answer
@@ -36,6 +39,7 @@ from vwserver.config import parse_config
 from vwserver.errors import ConfigError
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.metrics import upstream_name
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app, debug_cache_rows, health_listener_app, is_loopback, serve
@@ -72,6 +76,7 @@ class Served:
     port: int
     health_port: int
     kcp_origin: str
+    fake: FakeUpstream
 
 
 @contextlib.asynccontextmanager
@@ -107,7 +112,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
                         if (await raw(health_port, get("/readyz"))).status == 200:
                             break
                     await asyncio.sleep(0.05)
-            yield Served(port, health_port, origin)
+            yield Served(port, health_port, origin, fake)
         finally:
             stop.set()
             await asyncio.wait_for(server, TIMEOUT)
@@ -133,6 +138,56 @@ async def test_debug_cache_is_on_the_loopback_health_listener_only_and_names_no_
         for path in ("/healthz", "/livez", "/readyz", "/metrics"):
             assert (await raw(s.health_port, get(path))).status == 200, path
             assert (await raw(s.port, get(path))).status == 200, path
+
+
+TABLE = "Accept: application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+async def test_metrics_and_readyz_name_no_kcp_address_even_while_kcp_fails(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as s:
+        alice = "Authorization: Bearer alice-token"
+        # objects and Tables from the cache: two shared resources, each with its gauges
+        for fields in ((alice,), (alice, TABLE)):
+            listed = await raw(s.port, get(WIDGETS + "?resourceVersion=0", *fields))
+            assert listed.status == 200, listed
+        host_port = s.kcp_origin.removeprefix("http://")
+        path = f"{s.fake.base_path}/clusters/*/apis/example.io/v1alpha1/widgets"
+        shard = upstream_name(s.kcp_origin + path).shard
+
+        async def scraped() -> dict[str, str]:
+            texts = {}
+            for port in (s.port, s.health_port):
+                for what in ("/metrics", "/readyz"):
+                    answer = await raw(port, get(what))
+                    assert answer.status == 200, (port, what, answer)
+                    texts[f"{port}{what}"] = answer.body.decode()
+            return texts
+
+        for text in (await scraped()).values():
+            assert host_port not in text, text
+        metrics = (await scraped())[f"{s.port}/metrics"]
+        assert f'vwserver_cache_objects{{resource="{path}",shard="{shard}"}} 2.0' in metrics
+        assert f'vwserver_cache_objects{{resource="{path} (as Table)",shard="{shard}"}}' in metrics
+        # kcp fails: the reflectors restart (a counter per resource) and /readyz says so
+        s.fake.faults.status_code = 503
+        s.fake.faults.die_mid_watch_after = 0
+        s.fake.create(cluster="c1", obj=widget("breaks-the-watch", env="prod"))
+        restarted = (
+            f'vwserver_cache_reflector_restarts_total{{cause="error",resource="{path}",'
+            f'shard="{shard}"}}'
+        )
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                texts = await scraped()
+                if restarted in texts[f"{s.port}/metrics"] and "fail" in texts[f"{s.port}/readyz"]:
+                    break
+                await asyncio.sleep(0.05)
+        s.fake.faults.reset()
+        for where, text in texts.items():
+            assert host_port not in text, (where, text)
+            assert s.kcp_origin not in text, (where, text)
 
 
 async def test_no_response_of_any_listener_names_the_server_software(tmp_path: Path) -> None:

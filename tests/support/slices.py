@@ -14,6 +14,7 @@ from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 from vwserver.listener import ConnectionLimits
+from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
@@ -59,15 +60,18 @@ async def slices_over_kcp(
     )
     async with contextlib.AsyncExitStack() as stack:
         registry = cache if isinstance(cache, CacheRegistry) else None
+        # One registry of metrics for the proxy and a cache made here, as vwserver serve has.
+        metrics = ServerMetrics()
         if cache is True:
             client = await stack.enter_async_context(KubeClient(auth=auth))
-            registry = CacheRegistry(client=client, clock=clock or SystemClock())
+            registry = CacheRegistry(client=client, clock=clock or SystemClock(), metrics=metrics)
             stack.push_async_callback(registry.aclose)
         app = build_app(
             routes=routes,
             upstream=UpstreamClient(auth=auth),
             page_size=page_size,
             guard=NO_AUTH,
+            metrics=metrics,
             cache=registry,
             handoff_interval=handoff_interval,
         )

@@ -25,8 +25,11 @@ Modes (``auth.mode``):
     only needs to create reviews). Client certificates cannot be forwarded, so this mode needs
     a bearer token.
 
-In both modes the client's ``Authorization``, ``Impersonate-*`` and ``X-Remote-*`` headers are
-never forwarded (the upstream client sends an allow-list of headers).
+In both modes the client's ``Authorization`` header is never forwarded as it came (the upstream
+client sends an allow-list of headers), and a request with ``Impersonate-*`` or ``X-Remote-*``
+headers never gets here: the proxy refuses it first (403,
+:func:`vwserver.proxy.request_headers.refuse_impersonation`), since the guard authenticates the
+caller, not the identity those headers ask for.
 
 The proxy takes a :class:`Gate` and has no default: :class:`Guard` is the real one, and
 :class:`NoAuth` — every caller may use every slice — is a type of its own that cannot be made by

@@ -546,9 +546,7 @@ class SharedResource:
         if subscription in self._subscriptions:
             del self._subscriptions[subscription]
             if self._metrics is not None and subscription.ended in (OVERFLOWED, RELISTED):
-                self._metrics.cache_terminations.labels(
-                    resource=self.url, reason=subscription.ended
-                ).inc()
+                self._metrics.cache_watch_ended(url=self.url, reason=subscription.ended)
             if self.idle and self.on_idle is not None:
                 self.on_idle(self)
 
@@ -556,4 +554,4 @@ class SharedResource:
         if not self._synced.is_set():
             self._failed.set()
         if self._metrics is not None:
-            self._metrics.cache_restarts.labels(resource=self.url, cause=cause).inc()
+            self._metrics.cache_restarted(url=self.url, cause=cause)

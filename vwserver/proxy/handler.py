@@ -2,7 +2,8 @@
 
 Order of decisions, each of which can end the request with a Status before anything is sent
 upstream: path syntax (400) → header field syntax (400,
-:mod:`~vwserver.proxy.request_headers`) → what the request is (verb/resource, 400/405) → who
+:mod:`~vwserver.proxy.request_headers`) → what the request is (verb/resource, 400/405) →
+impersonation asked for (``Impersonate-*``, ``X-Remote-*``: 403, by the field names alone) → who
 the caller is and whether it may use the slice with that verb (401/403, :mod:`vwserver.auth`;
 before the lookup, so a caller learns nothing about slices it may not use) → slice exists (404)
 → slice ready (503) → allowed on this kind of target (wildcard: list/watch only, 405;
@@ -194,6 +195,9 @@ class ProxyHandler:
         query = list(request.rel_url.query.items())
         api = classify(path.api_path, method=request.method, watch=options.watch_requested(query))
         record.verb = api.verb
+        # Before the guard: the answer depends on the field names only (no oracle), and costs
+        # no review.
+        request_headers.refuse_impersonation(request.headers.keys())
         checked = options.check(query, verb=api.verb, discovery=api.discovery)
         accept = request.headers.get("Accept")
         representation = (

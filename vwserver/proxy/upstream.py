@@ -3,7 +3,9 @@
 vwserver talks to kcp with *its own* identity: the request headers a
 client sent are not forwarded wholesale but picked from an allow-list, so hop-by-hop headers
 (RFC 9110 §7.6.1), the client's ``Authorization`` and every ``Impersonate-*`` / ``X-Remote-*``
-header (which kcp would honour as an authenticating-proxy identity) can never reach kcp.
+header (which kcp would honour as an authenticating-proxy identity) can never reach kcp. (A
+request carrying the latter is refused before it gets here,
+:func:`vwserver.proxy.request_headers.refuse_impersonation`; the allow-list is the second line.)
 
 Connection failures become :class:`~vwserver.errors.UpstreamUnreachable` (503 + Retry-After) so
 that clients back off and retry instead of failing hard.
