@@ -33,10 +33,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
+from msgspec.structs import replace
 
+from vwserver.clock import rfc3339
 from vwserver.errors import HeldFinalizer
 from vwserver.selector import Selector
 
@@ -48,7 +51,9 @@ __all__ = [
     "WritePlan",
     "annotation_pointer",
     "as_leaving",
+    "client_labels",
     "effective_holds",
+    "implied_labels",
     "leaving_since",
     "parse_holds",
     "plan_write",
@@ -84,7 +89,14 @@ class Hold(msgspec.Struct, omit_defaults=True, frozen=True):
 
     finalizers: tuple[str, ...] = ()
     leavingSince: str = ""
-    """When vwserver first saw the object no longer match this slice ("": not recorded)."""
+    """When vwserver first saw the object no longer match this slice ("": not recorded). Once
+    recorded, the slice sees the object leaving until this entry ends, whatever its labels
+    become (a deletion never goes away)."""
+    leavingLabels: dict[str, str] | None = None
+    """The object's labels as the slice last saw them before it left (recorded with
+    ``leavingSince``): what the slice's clients' own label selectors match while it is leaving
+    (None: not recorded, e.g. an annotation written before vwserver recorded them —
+    :func:`client_labels` then derives them from the slice's selector)."""
 
 
 _decode_holds: Final = msgspec.json.Decoder(dict[str, Hold]).decode
@@ -124,7 +136,7 @@ def effective_holds(
     for sid, hold in recorded.items():
         kept = tuple(f for f in hold.finalizers if f in present)
         if kept:
-            out[sid] = Hold(finalizers=kept, leavingSince=hold.leavingSince)
+            out[sid] = hold if kept == hold.finalizers else replace(hold, finalizers=kept)
     return out
 
 
@@ -147,6 +159,12 @@ class Member:
         return selector is not None and selector.matches(labels)
 
 
+def _leaves(member: Member, sid: str, hold: Hold, labels: Mapping[str, str] | None) -> bool:
+    """Whether holder ``sid`` is letting go of the object: its leave is recorded (a leave, once
+    recorded, completes), or the object no longer matches it (not recorded yet)."""
+    return bool(hold.leavingSince) or not member.matches(sid, labels)
+
+
 def sees(
     member: Member,
     *,
@@ -154,14 +172,16 @@ def sees(
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
 ) -> bool:
-    """Whether ``member`` sees the object: (its labels match and no holder stopped matching
-    them) or the slice holds it."""
+    """Whether ``member`` sees the object: (its labels match and no holder is letting go of
+    it) or the slice holds it."""
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return member.selector.matches(labels)  # never held: the selector alone
     holds = effective_holds(annotations, finalizers)
     if member.id in holds:
         return True
-    return member.selector.matches(labels) and all(member.matches(h, labels) for h in holds)
+    return member.selector.matches(labels) and not any(
+        _leaves(member, sid, hold, labels) for sid, hold in holds.items()
+    )
 
 
 def leaving_since(
@@ -171,29 +191,83 @@ def leaving_since(
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
 ) -> str | None:
-    """For an object ``member`` holds but no longer matches: when the move was first seen
-    (``""`` while that is not recorded yet: ``member.unrecorded`` is told); None for any other
-    object."""
+    """For an object ``member`` holds and is letting go of: when the move was first seen —
+    recorded, whatever the labels are now (monotonic: the leave completes when the hold ends);
+    ``""`` while it is not recorded yet and the labels no longer match (``member.unrecorded``
+    is told). None for any other object."""
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return None
     hold = effective_holds(annotations, finalizers).get(member.id)
-    if hold is None or member.selector.matches(labels):
+    if hold is None:
         return None
-    if not hold.leavingSince and member.unrecorded is not None:
+    if hold.leavingSince:
+        return hold.leavingSince
+    if member.selector.matches(labels):
+        return None
+    if member.unrecorded is not None:
         member.unrecorded()
-    return hold.leavingSince
+    return ""
 
 
-def as_leaving(raw: bytes, since: str) -> bytes:
+def implied_labels(selector: Selector, labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels`` made to satisfy what ``selector`` pins down: each key it requires to have one
+    value set to it, each key it forbids (or whose value it excludes) removed. For an object
+    that left the slice, the best guess at its labels before it left when none were recorded
+    (the label a move changes is, in the common case, the slice's own)."""
+    out = dict(labels or {})
+    for r in selector.requirements:
+        op = r.operator.value
+        if op in ("=", "==", "in") and len(r.values) == 1:
+            out[r.key] = r.values[0]
+        elif op == "!" or (op in ("!=", "notin") and out.get(r.key) in r.values):
+            out.pop(r.key, None)
+    return out
+
+
+def client_labels(
+    member: Member,
+    *,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    finalizers: Iterable[str] | None,
+) -> Mapping[str, str] | None:
+    """The labels a client's own ``labelSelector`` is matched against through ``member``.
+
+    An object leaving the slice is matched by the labels it had as the slice last saw it
+    (``leavingLabels``, recorded with the move; before that, or in an annotation written
+    without them, :func:`implied_labels`): a client that selects by the slice's own label —
+    controller-runtime's ``ByObject`` label selectors do — must see the deletion of what it
+    holds, not lose the object with its finalizer still on it. Any other object: its labels.
+    """
+    if not annotations or HOLDS_ANNOTATION not in annotations:
+        return labels
+    hold = effective_holds(annotations, finalizers).get(member.id)
+    if hold is None or not (hold.leavingSince or not member.selector.matches(labels)):
+        return labels
+    if hold.leavingLabels is not None:
+        return hold.leavingLabels
+    return implied_labels(member.selector, labels)
+
+
+def as_leaving(raw: bytes, since: str, *, now: Callable[[], str] | None = None) -> bytes:
     """The object as a slice that is letting go of it sees it: being deleted since ``since``
-    with no grace period. A real deletion shows as it is (its own timestamp)."""
+    with no grace period. A real deletion shows as it is (its own timestamp).
+
+    ``since`` is ``""`` for a move not recorded yet (a read in the few milliseconds before the
+    handoff loop's write): the object is shown being deleted all the same, since the reading
+    replica's current time (``now``), which the recorded time replaces one write later — the
+    slice never sees an object outside its selector without a deletion."""
     doc: Any = msgspec.json.decode(raw)
     metadata = doc.setdefault("metadata", {}) if isinstance(doc, dict) else None
     if not isinstance(metadata, dict) or metadata.get("deletionTimestamp"):
         return raw
-    metadata["deletionTimestamp"] = since
+    metadata["deletionTimestamp"] = since or (now or _now)()
     metadata["deletionGracePeriodSeconds"] = 0
     return msgspec.json.encode(doc)
+
+
+def _now() -> str:
+    return rfc3339(datetime.now(UTC))
 
 
 # --- writes -----------------------------------------------------------------------------------
@@ -240,11 +314,11 @@ def plan_write(
     for sid, hold in recorded.items():
         kept = tuple(f for f in hold.finalizers if f in after_set)
         if kept:
-            holds[sid] = Hold(finalizers=kept, leavingSince=hold.leavingSince)
+            holds[sid] = replace(hold, finalizers=kept)
     if record and added:
         mine = holds.get(member.id, Hold())
         merged = tuple(dict.fromkeys([*mine.finalizers, *added]))
-        holds[member.id] = Hold(finalizers=merged, leavingSince=mine.leavingSince)
+        holds[member.id] = replace(mine, finalizers=merged)
     value = render_holds(holds)
     return WritePlan(annotation=value, changed=value != render_holds(recorded))
 

@@ -39,7 +39,14 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.holds import HOLDS_ANNOTATION, Member, as_leaving, leaving_since, sees
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    Member,
+    as_leaving,
+    client_labels,
+    leaving_since,
+    sees,
+)
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import (
     ListLabels,
@@ -135,10 +142,10 @@ class Page:
         matches, own = client.matches, member.selector.matches
         out: list[bytes | msgspec.Raw] = []
         for entry, labels in zip(self.entries, self.labels, strict=True):
-            if isinstance(labels, _NoObject) or not matches(labels):
+            if isinstance(labels, _NoObject):
                 continue
             if _HOLDS_KEY.search(entry) is None:
-                if own(labels):
+                if matches(labels) and own(labels):
                     out.append(entry)
                 continue
             head, in_row = _embedded_head(entry)
@@ -149,10 +156,17 @@ class Page:
             )
             if not sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
                 continue
+            # An object leaving the slice is matched by the labels it had as the slice last
+            # saw it (a client selecting by the slice's own label must see the deletion).
+            shown = client_labels(
+                member, labels=labels, annotations=annotations, finalizers=finalizers
+            )
+            if not matches(shown):
+                continue
             since = leaving_since(
                 member, labels=labels, annotations=annotations, finalizers=finalizers
             )
-            out.append(as_leaving(bytes(entry), since) if since and not in_row else entry)
+            out.append(entry if since is None or in_row else as_leaving(bytes(entry), since))
         return out
 
 

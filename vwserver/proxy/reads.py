@@ -66,7 +66,7 @@ def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
     if ctx.strip_objects:
         return _strip_table(body)
     since = ctx.leaving(head.metadata)
-    return as_leaving(body, since) if since else body
+    return body if since is None else as_leaving(body, since)
 
 
 def _strip_table(body: bytes) -> bytes:
