@@ -57,8 +57,8 @@ from vwserver.cache.views import (
     with_resource_version,
 )
 from vwserver.controller.handoff import decide
-from vwserver.holds import HOLDS_ANNOTATION, as_leaving, effective_holds, plan_write
 from vwserver.errors import BadRequest
+from vwserver.holds import HOLDS_ANNOTATION, as_leaving, effective_holds, plan_write
 from vwserver.selector import Selector
 
 SLICES = ["env=prod", "env!=dev", "region in (eu)", "!env", "", "env=prod,region=eu"]
@@ -141,13 +141,9 @@ def test_transitions_one_by_one() -> None:
         kind = "DELETED" if new is None else "MODIFIED" if prev else "ADDED"
         return Change(kind, rv, prev, new, **kw)  # type: ignore[arg-type]
 
-    assert transition(view=view, client=client, change=change(None, prod, 5)) == (
-        ("ADDED", prod),
-    )
+    assert transition(view=view, client=client, change=change(None, prod, 5)) == (("ADDED", prod),)
     assert transition(view=view, client=client, change=change(None, dev, 6)) == ()
-    assert transition(view=view, client=client, change=change(dev, prod2, 7)) == (
-        ("ADDED", prod2),
-    )
+    assert transition(view=view, client=client, change=change(dev, prod2, 7)) == (("ADDED", prod2),)
     assert transition(view=view, client=client, change=change(prod, prod2, 7)) == (
         ("MODIFIED", prod2),
     )
@@ -486,7 +482,11 @@ def test_a_holding_slice_never_sees_its_object_outside_its_selector_without_a_de
                 now=datetime(2026, 12, 1, tzinfo=UTC),
                 labels_before=lambda _sid, selector: (
                     found.meta.labels
-                    if (found := store.last_version(HELD_KEY, lambda e: selector.matches(e.meta.labels)))
+                    if (
+                        found := store.last_version(
+                            HELD_KEY, lambda e: selector.matches(e.meta.labels)
+                        )
+                    )
                     else None
                 ),
             )

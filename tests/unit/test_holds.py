@@ -193,7 +193,9 @@ def _check(obj: Obj, recorded: dict[str, str]) -> None:
     leavers = {sid for sid, hold in holds.items() if obj.leaving(sid) is not None}
     for sid, selector in SELECTORS.items():
         hold = holds.get(sid)
-        expected = hold is not None and (bool(hold.leavingSince) or not selector.matches(obj.labels))
+        expected = hold is not None and (
+            bool(hold.leavingSince) or not selector.matches(obj.labels)
+        )
         since = obj.leaving(sid)
         assert (since is not None) == expected
         # monotonic: a recorded leave stays while the hold lasts, with the same time
