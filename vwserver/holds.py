@@ -10,16 +10,32 @@ to look like that to A, and B is held back until A has let go:
 * **Hold.** A slice *holds* an object while the object carries a finalizer that was added
   through that slice. Which slice added which finalizer is recorded on the object itself, in
   the annotation :data:`HOLDS_ANNOTATION` (JSON: ``{"<slice cluster>/<slice name>":
-  {"finalizers": [...], "leavingSince": "<RFC 3339>"}}``), written by the proxy in the same
-  request that adds the finalizer. kcp is the only persistence: every replica, and a restarted
+  {"finalizers": [...], "leavingSince": "<RFC 3339>", "leavingLabels": {...}}}``), written by
+  the proxy in the same request that adds the finalizer. kcp is the only persistence: every replica, and a restarted
   one, computes the same views from the object alone.
 * **Membership** (:func:`sees`): slice S sees object O iff (O's labels match S and no slice
-  that holds O has stopped matching O) or S holds O. An entry counts only while one of its
-  finalizers is still on the object, so a stale entry changes nothing.
+  that holds O is letting go of it — stopped matching O, or its leave was recorded) or S holds
+  O. An entry counts only while one of its finalizers is still on the object, so a stale entry
+  changes nothing.
 * **Leaving** (:func:`leaving_since`): while S holds O and O no longer matches S, S sees O being
   deleted — ``metadata.deletionTimestamp`` is the time vwserver first observed the move,
   recorded in the entry's ``leavingSince`` so that every replica shows the same time, and
   ``deletionGracePeriodSeconds`` is 0 (:func:`as_leaving`).
+* **A deletion never goes away.** Once ``leavingSince`` is recorded the leave completes: S sees
+  O being deleted until S's entry ends (its release, the operator's release, its hold
+  timeout), even if O matches S again (A → B → A before A released); the cache's watches then
+  send DELETED and, as O matches S again, ADDED. Kubernetes never takes a deletionTimestamp
+  back, and controllers rely on that.
+* **Before the move is recorded** (the few milliseconds until the handoff loop's write, which a
+  read that meets the move triggers at once) S must not see O outside its selector without a
+  deletion either: the cache's watches hold that version back (the recording write's change
+  follows and is sent being deleted, so a LIST's resourceVersion and a watch from it agree),
+  and a LIST or GET shows O being deleted since the reading replica's current time
+  (:func:`as_leaving` with ``since=""``), which the recorded time replaces.
+* **A client's own selector** (:func:`client_labels`): a leaving object is matched against a
+  client's ``labelSelector`` by the labels it had as S last saw it (``leavingLabels``,
+  recorded with ``leavingSince``; else :func:`implied_labels`), so that a client selecting by
+  S's own label sees the deletion of what it holds.
 * **Guards** (:func:`plan_write`): a finalizer a slice added can be removed only through that
   slice (or by the operator's escape hatch, :data:`RELEASE_ANNOTATION`), and no client can write
   either annotation through a slice.
