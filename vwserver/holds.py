@@ -11,8 +11,8 @@ to look like that to A, and B is held back until A has let go:
   through that slice. Which slice added which finalizer is recorded on the object itself, in
   the annotation :data:`HOLDS_ANNOTATION` (JSON: ``{"<slice cluster>/<slice name>":
   {"finalizers": [...], "leavingSince": "<RFC 3339>", "leavingLabels": {...}}}``), written by
-  the proxy in the same request that adds the finalizer. kcp is the only persistence: every replica, and a restarted
-  one, computes the same views from the object alone.
+  the proxy in the same request that adds the finalizer. kcp is the only persistence: every
+  replica, and a restarted one, computes the same views from the object alone.
 * **Membership** (:func:`sees`): slice S sees object O iff (O's labels match S and no slice
   that holds O is letting go of it — stopped matching O, or its leave was recorded) or S holds
   O. An entry counts only while one of its finalizers is still on the object, so a stale entry
