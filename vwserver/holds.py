@@ -70,6 +70,7 @@ __all__ = [
     "client_labels",
     "effective_holds",
     "implied_labels",
+    "leaving_safe",
     "leaving_since",
     "parse_holds",
     "plan_write",
@@ -263,6 +264,15 @@ def client_labels(
     if hold.leavingLabels is not None:
         return hold.leavingLabels
     return implied_labels(member.selector, labels)
+
+
+def leaving_safe(client: Selector, *, slice_selector: Selector) -> Selector:
+    """What of a client's own selector an upstream may filter by for a slice whose objects
+    may be leaving it: the requirements on keys ``slice_selector`` does not name. A leaving
+    object is matched by its labels before the move (:func:`client_labels`), and a move changes
+    the slice's own labels; the rest of the client's selector is applied in process."""
+    own = {r.key for r in slice_selector.requirements}
+    return Selector(tuple(r for r in client.requirements if r.key not in own))
 
 
 def as_leaving(raw: bytes, since: str, *, now: Callable[[], str] | None = None) -> bytes:

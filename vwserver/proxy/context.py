@@ -10,7 +10,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, SelectorError
-from vwserver.holds import Member, Peers, leaving_since, sees, slice_id
+from vwserver.holds import Member, Peers, leaving_safe, leaving_since, sees, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
@@ -152,9 +152,7 @@ class ProxyRequest:
         (:func:`vwserver.holds.client_labels`), and a move changes the slice's own labels —
         a requirement on them pushed down would keep the leaving object from the answer; the
         proxy matches the whole selector itself."""
-        own = {r.key for r in self.route.selector.requirements}
-        client = self.client_selector()
-        return Selector(tuple(r for r in client.requirements if r.key not in own))
+        return leaving_safe(self.client_selector(), slice_selector=self.route.selector)
 
     @property
     def strip_objects(self) -> bool:
