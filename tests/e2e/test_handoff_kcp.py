@@ -601,6 +601,7 @@ async def test_a_reconciler_selecting_by_the_slices_label_releases_what_leaves(
         serving(bed, regions("a", "b")) as base,
         recording(bed.session, bed.slice_url(base, "a"), labelSelector="region=a") as in_a,
         recording(bed.session, bed.slice_url(base, "b")) as in_b,
+        recording(bed.session, bed.kcp_url()) as kcp_watch,
         clients() as add,
     ):
         reconciler = add(
@@ -631,18 +632,18 @@ async def test_a_reconciler_selecting_by_the_slices_label_releases_what_leaves(
 
         await poll("the reconciler took the objects on", taken_on, within=WAIT)
         moved = {name: await bed.relabel(name, "b") for name in names}
-        since = {name: await bed.leaving_since(name, "a") for name in names}
-        for name in names:
-            for query in (
-                "?labelSelector=region%3Da&resourceVersion=0",  # the cache
-                f"?labelSelector=region%3Da&fieldSelector=metadata.namespace%3D{bed.namespace}",
-            ):
-                status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
-                assert status == 200, listing
-                listed = {i["metadata"]["name"]: i["metadata"] for i in listing["items"]}
-                # the reconciler may have released it already: then it is gone from a
-                if name in listed:
-                    assert listed[name]["deletionTimestamp"] == since[name], (query, listed)
+        for query in (
+            "?labelSelector=region%3Da&resourceVersion=0",  # the cache
+            f"?labelSelector=region%3Da&fieldSelector=metadata.namespace%3D{bed.namespace}",
+        ):
+            # the reconciler may have released an object already (then it is gone from a),
+            # and resourceVersion=0 may be older than the move (then it is in region a)
+            status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
+            assert status == 200, listing
+            for item in listing["items"]:
+                meta = item["metadata"]
+                if meta["name"] in names and meta["labels"]["region"] != "a":
+                    assert meta.get("deletionTimestamp"), (query, item)
 
         async def released() -> bool | None:
             for name in names:
@@ -662,22 +663,35 @@ async def test_a_reconciler_selecting_by_the_slices_label_releases_what_leaves(
                 f"b's ADDED of {name}", functools.partial(first_event, in_b, name), within=WAIT
             )
         await bed.sentinel([in_a], "a")
+        for name in names:
+            last = int((await bed.stored(name))["metadata"]["resourceVersion"])
+            await kcp_watch.wait_for(
+                f"kcp's watch at {name}'s last version",
+                lambda: _yes(kcp_watch.reached(last, name=name)),  # noqa: B023 (awaited here)
+                within=WAIT,
+            )
         assert await reconciler.stop() == 0
     for name in names:
+        # when the move was recorded, from kcp's own versions
+        (since,) = {
+            hold["leavingSince"]
+            for e in kcp_watch.of(name)
+            if (hold := holds(e["object"]).get(bed.slice_id("a"), {})).get("leavingSince")
+        }
         removals = [
             line
             for line in reconciler.events("reconcile")
             if line["name"] == name and "finalizer-removed" in line["actions"]
         ]
-        assert removals and removals[0]["deletionTimestamp"] == since[name], removals
+        assert removals and removals[0]["deletionTimestamp"] == since, removals
         events = [
             e
             for e in in_a.of(name)
             if int(e["object"]["metadata"]["resourceVersion"]) >= moved[name]
         ]
         kinds = [(e["type"], e["object"]["metadata"].get("deletionTimestamp")) for e in events]
-        assert kinds and kinds[0] == ("MODIFIED", since[name]), kinds
-        assert kinds[-1] == ("DELETED", since[name]), kinds
+        assert kinds and kinds[0] == ("MODIFIED", since), kinds
+        assert kinds[-1] == ("DELETED", since), kinds
 
 
 async def test_the_holding_slice_never_sees_a_move_without_its_deletion(bed: Bed) -> None:
@@ -706,7 +720,13 @@ async def test_the_holding_slice_never_sees_a_move_without_its_deletion(bed: Bed
         async def reads() -> int:
             count = 0
             while not stop.is_set():
-                for query in ("?resourceVersion=0", "", "?labelSelector=region%3Da"):
+                for query in (
+                    "?resourceVersion=0",
+                    "",
+                    "?labelSelector=region%3Da",
+                    # a LIST kcp answers
+                    f"?labelSelector=region%3Da&fieldSelector=metadata.namespace%3D{bed.namespace}",
+                ):
                     status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
                     assert status == 200, listing
                     for item in listing["items"]:
