@@ -214,7 +214,8 @@ def sees(
     if slice_name in held_by:
         return True
     raw = annotations.get(HOLDS)
-    recorded = {slice_of(sid) for sid, h in json.loads(raw).items() if h.get("leavingSince")}
+    entries = json.loads(raw) if raw else {}
+    recorded = {slice_of(sid) for sid, h in entries.items() if h.get("leavingSince")}
     return (
         selectors[slice_name](labels)
         and all(selectors[h](labels) for h in held_by)
