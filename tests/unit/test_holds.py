@@ -381,7 +381,7 @@ def test_decide_records_and_times_out() -> None:
 # --- a leave, once recorded, completes (monotonic deletion) ------------------------------------
 
 
-def _recorded(labels: dict[str, str], holds: dict[str, Hold]) -> dict[str, str]:
+def _recorded(holds: dict[str, Hold]) -> dict[str, str]:
     value = render_holds(holds)
     assert value is not None
     return {HOLDS_ANNOTATION: value}
@@ -466,7 +466,7 @@ def test_a_move_is_recorded_with_the_labels_the_slice_last_saw() -> None:
 
 def test_leaving_labels_survive_every_rewrite_of_the_annotation() -> None:
     hold = Hold(finalizers=("f", "g"), leavingSince="t", leavingLabels={"region": "a"})
-    annotations = _recorded({}, {"ws/a": hold})
+    annotations = _recorded({"ws/a": hold})
     assert effective_holds(annotations, ["f"])["ws/a"].leavingLabels == {"region": "a"}
     plan = plan_write(
         member("ws/a"),

@@ -21,7 +21,10 @@ object's decoded metadata alone, in three layers:
   only the new: ADDED; only the old: DELETED carrying the *previous* content (the client may
   only ever receive what it was allowed to see) at the change's resourceVersion; neither:
   nothing. Applied in order to the client's initial state, these events always reproduce the
-  client's visible set (the informer invariant, tests/unit/test_cache_views.py).
+  client's visible set (the informer invariant, tests/unit/test_cache_views.py). The handoff
+  adds two rules: a version leaving the slice whose move is not recorded yet is held back
+  (:func:`pending`), and a leave that completes while the object matches the slice again is a
+  DELETED then an ADDED, never a MODIFIED that takes the deletionTimestamp away.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from vwserver.selector import Selector
 __all__ = [
     "EVERYTHING",
     "ClientFilter",
+    "Event",
     "FieldRequirement",
     "FieldSelector",
     "FieldSelectorError",
@@ -49,6 +53,7 @@ __all__ = [
     "leaving",
     "parse_field_selector",
     "pending",
+    "seen",
     "transition",
     "visible",
     "with_resource_version",
