@@ -10,16 +10,32 @@ to look like that to A, and B is held back until A has let go:
 * **Hold.** A slice *holds* an object while the object carries a finalizer that was added
   through that slice. Which slice added which finalizer is recorded on the object itself, in
   the annotation :data:`HOLDS_ANNOTATION` (JSON: ``{"<slice cluster>/<slice name>":
-  {"finalizers": [...], "leavingSince": "<RFC 3339>"}}``), written by the proxy in the same
-  request that adds the finalizer. kcp is the only persistence: every replica, and a restarted
-  one, computes the same views from the object alone.
+  {"finalizers": [...], "leavingSince": "<RFC 3339>", "leavingLabels": {...}}}``), written by
+  the proxy in the same request that adds the finalizer. kcp is the only persistence: every
+  replica, and a restarted one, computes the same views from the object alone.
 * **Membership** (:func:`sees`): slice S sees object O iff (O's labels match S and no slice
-  that holds O has stopped matching O) or S holds O. An entry counts only while one of its
-  finalizers is still on the object, so a stale entry changes nothing.
+  that holds O is letting go of it — stopped matching O, or its leave was recorded) or S holds
+  O. An entry counts only while one of its finalizers is still on the object, so a stale entry
+  changes nothing.
 * **Leaving** (:func:`leaving_since`): while S holds O and O no longer matches S, S sees O being
   deleted — ``metadata.deletionTimestamp`` is the time vwserver first observed the move,
   recorded in the entry's ``leavingSince`` so that every replica shows the same time, and
   ``deletionGracePeriodSeconds`` is 0 (:func:`as_leaving`).
+* **A deletion never goes away.** Once ``leavingSince`` is recorded the leave completes: S sees
+  O being deleted until S's entry ends (its release, the operator's release, its hold
+  timeout), even if O matches S again (A → B → A before A released); the cache's watches then
+  send DELETED and, as O matches S again, ADDED. Kubernetes never takes a deletionTimestamp
+  back, and controllers rely on that.
+* **Before the move is recorded** (the few milliseconds until the handoff loop's write, which a
+  read that meets the move triggers at once) S must not see O outside its selector without a
+  deletion either: the cache's watches hold that version back (the recording write's change
+  follows and is sent being deleted, so a LIST's resourceVersion and a watch from it agree),
+  and a LIST or GET shows O being deleted since the reading replica's current time
+  (:func:`as_leaving` with ``since=""``), which the recorded time replaces.
+* **A client's own selector** (:func:`client_labels`): a leaving object is matched against a
+  client's ``labelSelector`` by the labels it had as S last saw it (``leavingLabels``,
+  recorded with ``leavingSince``; else :func:`implied_labels`), so that a client selecting by
+  S's own label sees the deletion of what it holds.
 * **Guards** (:func:`plan_write`, :func:`guards`): while the object is leaving a slice, the
   finalizers added through that slice can be removed only through that slice (:func:`releasable`
   is the one write it may still make) or by the hold's end (the operator's escape hatch,
@@ -48,10 +64,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
+from msgspec.structs import replace
 
+from vwserver.clock import rfc3339
 from vwserver.errors import GCFinalizer, HeldFinalizer
 from vwserver.selector import Selector
 
@@ -64,9 +83,12 @@ __all__ = [
     "annotation_pointer",
     "as_leaving",
     "check_gc_finalizers",
+    "client_labels",
     "effective_holds",
     "guards",
     "hidden_by_relabel",
+    "implied_labels",
+    "leaving_safe",
     "leaving_since",
     "parse_holds",
     "plan_write",
@@ -118,7 +140,14 @@ class Hold(msgspec.Struct, omit_defaults=True, frozen=True):
 
     finalizers: tuple[str, ...] = ()
     leavingSince: str = ""
-    """When vwserver first saw the object no longer match this slice ("": not recorded)."""
+    """When vwserver first saw the object no longer match this slice ("": not recorded). Once
+    recorded, the slice sees the object leaving until this entry ends, whatever its labels
+    become (a deletion never goes away)."""
+    leavingLabels: dict[str, str] | None = None
+    """The object's labels as the slice last saw them before it left (recorded with
+    ``leavingSince``): what the slice's clients' own label selectors match while it is leaving
+    (None: not recorded, e.g. an annotation written before vwserver recorded them —
+    :func:`client_labels` then derives them from the slice's selector)."""
 
 
 _decode_holds: Final = msgspec.json.Decoder(dict[str, Hold]).decode
@@ -140,9 +169,8 @@ def parse_holds(value: str | None) -> Mapping[str, Hold]:
     # an entry naming one was edited in kcp): no hold keeps them, no hold's end removes them.
     if any(f in GC_FINALIZERS for hold in holds.values() for f in hold.finalizers):
         holds = {
-            sid: Hold(
-                finalizers=tuple(f for f in hold.finalizers if f not in GC_FINALIZERS),
-                leavingSince=hold.leavingSince,
+            sid: replace(
+                hold, finalizers=tuple(f for f in hold.finalizers if f not in GC_FINALIZERS)
             )
             for sid, hold in holds.items()
         }
@@ -169,7 +197,7 @@ def effective_holds(
     for sid, hold in recorded.items():
         kept = tuple(f for f in hold.finalizers if f in present)
         if kept:
-            out[sid] = Hold(finalizers=kept, leavingSince=hold.leavingSince)
+            out[sid] = hold if kept == hold.finalizers else replace(hold, finalizers=kept)
     return out
 
 
@@ -192,6 +220,12 @@ class Member:
         return selector is not None and selector.matches(labels)
 
 
+def _leaves(member: Member, sid: str, hold: Hold, labels: Mapping[str, str] | None) -> bool:
+    """Whether holder ``sid`` is letting go of the object: its leave is recorded (a leave, once
+    recorded, completes), or the object no longer matches it (not recorded yet)."""
+    return bool(hold.leavingSince) or not member.matches(sid, labels)
+
+
 def sees(
     member: Member,
     *,
@@ -199,14 +233,16 @@ def sees(
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
 ) -> bool:
-    """Whether ``member`` sees the object: (its labels match and no holder stopped matching
-    them) or the slice holds it."""
+    """Whether ``member`` sees the object: (its labels match and no holder is letting go of
+    it) or the slice holds it."""
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return member.selector.matches(labels)  # never held: the selector alone
     holds = effective_holds(annotations, finalizers)
     if member.id in holds:
         return True
-    return member.selector.matches(labels) and all(member.matches(h, labels) for h in holds)
+    return member.selector.matches(labels) and not any(
+        _leaves(member, sid, hold, labels) for sid, hold in holds.items()
+    )
 
 
 def leaving_since(
@@ -216,29 +252,92 @@ def leaving_since(
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
 ) -> str | None:
-    """For an object ``member`` holds but no longer matches: when the move was first seen
-    (``""`` while that is not recorded yet: ``member.unrecorded`` is told); None for any other
-    object."""
+    """For an object ``member`` holds and is letting go of: when the move was first seen —
+    recorded, whatever the labels are now (monotonic: the leave completes when the hold ends);
+    ``""`` while it is not recorded yet and the labels no longer match (``member.unrecorded``
+    is told). None for any other object."""
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return None
     hold = effective_holds(annotations, finalizers).get(member.id)
-    if hold is None or member.selector.matches(labels):
+    if hold is None:
         return None
-    if not hold.leavingSince and member.unrecorded is not None:
+    if hold.leavingSince:
+        return hold.leavingSince
+    if member.selector.matches(labels):
+        return None
+    if member.unrecorded is not None:
         member.unrecorded()
-    return hold.leavingSince
+    return ""
 
 
-def as_leaving(raw: bytes, since: str) -> bytes:
+def implied_labels(selector: Selector, labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels`` made to satisfy what ``selector`` pins down: each key it requires to have one
+    value set to it, each key it forbids (or whose value it excludes) removed. For an object
+    that left the slice, the best guess at its labels before it left when none were recorded
+    (the label a move changes is, in the common case, the slice's own)."""
+    out = dict(labels or {})
+    for r in selector.requirements:
+        op = r.operator.value
+        if op in ("=", "==", "in") and len(r.values) == 1:
+            out[r.key] = r.values[0]
+        elif op == "!" or (op in ("!=", "notin") and out.get(r.key) in r.values):
+            out.pop(r.key, None)
+    return out
+
+
+def client_labels(
+    member: Member,
+    *,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    finalizers: Iterable[str] | None,
+) -> Mapping[str, str] | None:
+    """The labels a client's own ``labelSelector`` is matched against through ``member``.
+
+    An object leaving the slice is matched by the labels it had as the slice last saw it
+    (``leavingLabels``, recorded with the move; before that, or in an annotation written
+    without them, :func:`implied_labels`): a client that selects by the slice's own label —
+    controller-runtime's ``ByObject`` label selectors do — must see the deletion of what it
+    holds, not lose the object with its finalizer still on it. Any other object: its labels.
+    """
+    if not annotations or HOLDS_ANNOTATION not in annotations:
+        return labels
+    hold = effective_holds(annotations, finalizers).get(member.id)
+    if hold is None or not (hold.leavingSince or not member.selector.matches(labels)):
+        return labels
+    if hold.leavingLabels is not None:
+        return hold.leavingLabels
+    return implied_labels(member.selector, labels)
+
+
+def leaving_safe(client: Selector, *, slice_selector: Selector) -> Selector:
+    """What of a client's own selector an upstream may filter by for a slice whose objects
+    may be leaving it: the requirements on keys ``slice_selector`` does not name. A leaving
+    object is matched by its labels before the move (:func:`client_labels`), and a move changes
+    the slice's own labels; the rest of the client's selector is applied in process."""
+    own = {r.key for r in slice_selector.requirements}
+    return Selector(tuple(r for r in client.requirements if r.key not in own))
+
+
+def as_leaving(raw: bytes, since: str, *, now: Callable[[], str] | None = None) -> bytes:
     """The object as a slice that is letting go of it sees it: being deleted since ``since``
-    with no grace period. A real deletion shows as it is (its own timestamp)."""
+    with no grace period. A real deletion shows as it is (its own timestamp).
+
+    ``since`` is ``""`` for a move not recorded yet (a read in the few milliseconds before the
+    handoff loop's write): the object is shown being deleted all the same, since the reading
+    replica's current time (``now``), which the recorded time replaces one write later — the
+    slice never sees an object outside its selector without a deletion."""
     doc: Any = msgspec.json.decode(raw)
     metadata = doc.setdefault("metadata", {}) if isinstance(doc, dict) else None
     if not isinstance(metadata, dict) or metadata.get("deletionTimestamp"):
         return raw
-    metadata["deletionTimestamp"] = since
+    metadata["deletionTimestamp"] = since or (now or _now)()
     metadata["deletionGracePeriodSeconds"] = 0
     return msgspec.json.encode(doc)
+
+
+def _now() -> str:
+    return rfc3339(datetime.now(UTC))
 
 
 # --- writes -----------------------------------------------------------------------------------
@@ -294,11 +393,11 @@ def plan_write(
     for sid, hold in recorded.items():
         kept = tuple(f for f in hold.finalizers if f in after_set)
         if kept:
-            holds[sid] = Hold(finalizers=kept, leavingSince=hold.leavingSince)
+            holds[sid] = replace(hold, finalizers=kept)
     if record and added:
         mine = holds.get(member.id, Hold())
         merged = tuple(dict.fromkeys([*mine.finalizers, *added]))
-        holds[member.id] = Hold(finalizers=merged, leavingSince=mine.leavingSince)
+        holds[member.id] = replace(mine, finalizers=merged)
     value = render_holds(holds)
     return WritePlan(annotation=value, changed=value != render_holds(recorded))
 

@@ -208,12 +208,19 @@ def sees(
     slice_of: Callable[[str], str],
 ) -> bool:
     """The contract's membership, written out independently of vwserver.holds: a slice sees
-    an object iff (its labels match and no slice that holds it stopped matching) or the slice
-    holds it."""
+    an object iff (its labels match and no slice that holds it is letting go of it — stopped
+    matching, or its leave was recorded) or the slice holds it."""
     held_by = holders(annotations, finalizers, slice_of)
     if slice_name in held_by:
         return True
-    return selectors[slice_name](labels) and all(selectors[h](labels) for h in held_by)
+    raw = annotations.get(HOLDS)
+    entries = json.loads(raw) if raw else {}
+    recorded = {slice_of(sid) for sid, h in entries.items() if h.get("leavingSince")}
+    return (
+        selectors[slice_name](labels)
+        and all(selectors[h](labels) for h in held_by)
+        and not (held_by & recorded)
+    )
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -568,8 +575,203 @@ def check_membership(churn: Churn, names: Sequence[str]) -> int:
             ), f"{kind} {s}: an object outside its membership: {line}"
             if line["deletionTimestamp"] and ours:
                 assert not REGION[s](line["labels"]), f"{kind} {s}: deleted in view: {line}"
+            if ours and not REGION[s](line["labels"]):
+                # never outside the slice without the deletion, not even before the move is
+                # recorded (#22 finding 15)
+                assert line["deletionTimestamp"], f"{kind} {s}: outside, not deleted: {line}"
             checked += ours
     return checked
+
+
+# --------------------------------------------------------------------------------------------
+# 1b. A controller whose cache selects by the slice's own label; what the holding slice sees
+
+
+async def test_a_reconciler_selecting_by_the_slices_label_releases_what_leaves(
+    bed: Bed, go_clients: Path, tmp_path: Path
+) -> None:
+    """A controller-runtime reconciler on slice ``a`` whose cache selects widgets by ``a``'s
+    own label (``cache.ByObject`` ``Label: region=a``: its informer lists and watches with
+    ``labelSelector=region=a``). An object relabelled to ``b`` reaches it being deleted — not
+    as a plain DELETED with its finalizer still on — so it releases it, and ``b`` gets it. A
+    watch with the same selector shows the same; a LIST with it (from the cache, and one kcp
+    answers) has the leaving object."""
+    token = f"--token={bed.kcp.admin_token}"
+    names = ["selected-1", "selected-2"]
+    async with (
+        serving(bed, regions("a", "b")) as base,
+        recording(bed.session, bed.slice_url(base, "a"), labelSelector="region=a") as in_a,
+        recording(bed.session, bed.slice_url(base, "b")) as in_b,
+        recording(bed.session, bed.kcp_url()) as kcp_watch,
+        clients() as add,
+    ):
+        reconciler = add(
+            await GoClient.start(
+                go_clients,
+                "reconciler-a-selective",
+                reconciler_args(
+                    slice_url(base, bed.world, "a", bed.ws.cluster),
+                    token,
+                    namespace=bed.namespace,
+                    finalizer=FIN["a"],
+                    phase=PHASE["a"],
+                    label_selector="region=a",
+                ),
+                tmp_path,
+            )
+        )
+        await reconciler.wait_until("cache sync", reconciler.synced, within=SYNC_TIMEOUT)
+        for name in names:
+            await bed.create(name, region="a")
+
+        async def taken_on() -> bool | None:
+            for name in names:
+                obj = await bed.stored(name)
+                if obj["metadata"].get("finalizers") != [FIN["a"]]:
+                    return None
+            return True
+
+        await poll("the reconciler took the objects on", taken_on, within=WAIT)
+        moved = {name: await bed.relabel(name, "b") for name in names}
+        for query in (
+            "?labelSelector=region%3Da&resourceVersion=0",  # the cache
+            f"?labelSelector=region%3Da&fieldSelector=metadata.namespace%3D{bed.namespace}",
+        ):
+            # the reconciler may have released an object already (then it is gone from a),
+            # and resourceVersion=0 may be older than the move (then it is in region a)
+            status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
+            assert status == 200, listing
+            for item in listing["items"]:
+                meta = item["metadata"]
+                if meta["name"] in names and meta["labels"]["region"] != "a":
+                    assert meta.get("deletionTimestamp"), (query, item)
+
+        async def released() -> bool | None:
+            for name in names:
+                obj = await bed.stored(name)
+                if obj["metadata"].get("finalizers") or HOLDS in (
+                    obj["metadata"].get("annotations") or {}
+                ):
+                    return None
+            return True
+
+        try:
+            await poll("the reconciler released the leaving objects", released, within=WAIT)
+        except KcpError as e:
+            raise AssertionError(f"{e}\n{reconciler.stderr_tail(20)}") from e
+        for name in names:
+            await in_b.wait_for(
+                f"b's ADDED of {name}", functools.partial(first_event, in_b, name), within=WAIT
+            )
+        await bed.sentinel([in_a], "a")
+        for name in names:
+            last = int((await bed.stored(name))["metadata"]["resourceVersion"])
+            await kcp_watch.wait_for(
+                f"kcp's watch at {name}'s last version",
+                lambda: _yes(kcp_watch.reached(last, name=name)),  # noqa: B023 (awaited here)
+                within=WAIT,
+            )
+        assert await reconciler.stop() == 0
+    for name in names:
+        # when the move was recorded, from kcp's own versions
+        (since,) = {
+            hold["leavingSince"]
+            for e in kcp_watch.of(name)
+            if (hold := holds(e["object"]).get(bed.slice_id("a"), {})).get("leavingSince")
+        }
+        removals = [
+            line
+            for line in reconciler.events("reconcile")
+            if line["name"] == name and "finalizer-removed" in line["actions"]
+        ]
+        assert removals and removals[0]["deletionTimestamp"] == since, removals
+        events = [
+            e
+            for e in in_a.of(name)
+            if int(e["object"]["metadata"]["resourceVersion"]) >= moved[name]
+        ]
+        kinds = [(e["type"], e["object"]["metadata"].get("deletionTimestamp")) for e in events]
+        assert kinds and kinds[0] == ("MODIFIED", since), kinds
+        assert kinds[-1] == ("DELETED", since), kinds
+
+
+async def test_the_holding_slice_never_sees_a_move_without_its_deletion(bed: Bed) -> None:
+    """While objects are moved out of ``a`` (several at once, some back again before the
+    release, some released), ``a``'s watches — one with ``a``'s own label as its selector —
+    and LISTs and GETs read all the time never show an object outside region=a without a
+    deletionTimestamp, not even before the move is recorded; and once a watch showed the
+    deletion, it stays until DELETED (#22 findings 14-16)."""
+    names = [f"never-{i}" for i in range(4)]
+    problems: list[str] = []
+
+    def check(where: str, item: Mapping[str, Any]) -> None:
+        meta = item["metadata"]
+        if meta.get("namespace") != bed.namespace or meta["name"] not in names:
+            return
+        if (meta.get("labels") or {}).get("region") != "a" and not meta.get("deletionTimestamp"):
+            problems.append(f"{where}: {meta['name']} outside a, not being deleted: {meta}")
+
+    async with (
+        serving(bed, regions("a", "b"), handoff_interval=5.0) as base,
+        recording(bed.session, bed.slice_url(base, "a")) as in_a,
+        recording(bed.session, bed.slice_url(base, "a"), labelSelector="region=a") as own_a,
+    ):
+        stop = asyncio.Event()
+
+        async def reads() -> int:
+            count = 0
+            while not stop.is_set():
+                for query in (
+                    "?resourceVersion=0",
+                    "",
+                    "?labelSelector=region%3Da",
+                    # a LIST kcp answers
+                    f"?labelSelector=region%3Da&fieldSelector=metadata.namespace%3D{bed.namespace}",
+                ):
+                    status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
+                    assert status == 200, listing
+                    for item in listing["items"]:
+                        check(f"LIST{query}", item)
+                for name in names:
+                    obj = await bed.get(bed.slice_url(base, "a", name))
+                    if obj is not None:
+                        check("GET", obj)
+                count += 1
+            return count
+
+        for name in names:
+            await bed.create(name, region="a")
+            await bed.add_finalizer(base, "a", name)
+        reader = asyncio.ensure_future(reads())
+        try:
+            await asyncio.gather(*(bed.relabel(name, "b") for name in names))
+            for name in names:
+                await bed.leaving_since(name, "a")
+            # two move back before the release (A → B → A), all are released in the end
+            await asyncio.gather(*(bed.relabel(name, "a") for name in names[:2]))
+            await asyncio.gather(*(bed.relabel(name, "x") for name in names[2:3]))
+            for name in names:
+                await bed.release(base, "a", name)
+            await bed.sentinel([in_a, own_a], "a")
+        finally:
+            stop.set()
+            rounds = await reader
+    assert rounds > 0
+    for recorder in (in_a, own_a):
+        for item in recorder.initial:
+            check("initial LIST", item)
+        for name in names:
+            deleting = False
+            for event in recorder.of(name):
+                if event["type"] == "DELETED":
+                    deleting = False
+                    continue
+                check(f"watch {recorder.params}", event["object"])
+                has = bool(event["object"]["metadata"].get("deletionTimestamp"))
+                if deleting and not has:
+                    problems.append(f"{recorder.params}: {name}'s deletion went away")
+                deleting = deleting or has
+    assert not problems, problems[:5]
 
 
 # --------------------------------------------------------------------------------------------
@@ -720,8 +922,11 @@ async def test_a_list_kcp_answers_shows_the_leaving_object(bed: Bed) -> None:
 
 
 async def test_a_move_back_before_the_release(bed: Bed) -> None:
-    """a → b → a while ``a`` still holds the object: ``a`` sees it being deleted, then normal
-    again (the recorded ``leavingSince`` cleared, its finalizer kept); ``b`` never sees it."""
+    """a → b → a while ``a`` still holds the object: a deletion never goes away (Kubernetes
+    never takes a deletionTimestamp back), so ``a`` keeps seeing it being deleted — the
+    recorded ``leavingSince`` stays through the loop's scans — until it releases its
+    finalizer; then ``a``'s watch gets DELETED and ADDED (the object, in region a, is ``a``'s
+    again) at the release's resourceVersion. ``b`` never sees it."""
     name = "back-and-forth"
     async with (
         serving(bed, regions("a", "b")) as base,
@@ -734,32 +939,49 @@ async def test_a_move_back_before_the_release(bed: Bed) -> None:
         since = await bed.leaving_since(name, "a")
         assert await bed.get(bed.slice_url(base, "b", name)) is None
         back_rv = await bed.relabel(name, "a")
-
-        async def cleared() -> dict[str, Any] | None:
-            obj = await bed.stored(name)
-            hold = holds(obj).get(bed.slice_id("a"), {})
-            return obj if hold and not hold.get("leavingSince") else None
-
-        stored = await poll("leavingSince cleared", cleared, within=WAIT)
+        # the loop scans every INTERVAL: after a sentinel written later reached a's watch and
+        # three intervals more, it has seen the move back several times
+        await bed.sentinel([in_a], "a")
+        await asyncio.sleep(3 * INTERVAL)
+        stored = await bed.stored(name)
+        assert holds(stored)[bed.slice_id("a")]["leavingSince"] == since, stored
         assert stored["metadata"]["finalizers"] == [FIN["a"]]
+        shown = await bed.get(bed.slice_url(base, "a", name))
+        assert shown is not None and shown["metadata"].get("deletionTimestamp") == since, shown
+        status, listing = await bed.call("GET", bed.slice_url(base, "a") + "?resourceVersion=0")
+        assert status == 200, listing
+        (item,) = [i for i in listing["items"] if i["metadata"]["name"] == name]
+        assert item["metadata"]["deletionTimestamp"] == since
+        assert await bed.get(bed.slice_url(base, "b", name)) is None
+        released = await bed.release(base, "a", name)
+        release_rv = int(released["metadata"]["resourceVersion"])
+        await in_a.wait_for(
+            "a's watch: DELETED and ADDED at the release",
+            lambda: _yes(
+                sum(
+                    int(e["object"]["metadata"]["resourceVersion"]) >= release_rv
+                    for e in in_a.of(name)
+                )
+                >= 2
+            ),
+            within=WAIT,
+        )
         shown = await bed.get(bed.slice_url(base, "a", name))
         assert shown is not None and "deletionTimestamp" not in shown["metadata"], shown
         await bed.sentinel([in_b], "b")
         assert not in_b.of(name), in_b.of(name)
-        await in_a.wait_for(
-            "a's watch at the cleared version",
-            lambda: _yes(in_a.reached(int(stored["metadata"]["resourceVersion"]), name=name)),
-            within=WAIT,
-        )
-        seen = [
-            (e["type"], e["object"]["metadata"].get("deletionTimestamp")) for e in in_a.of(name)
-        ]
-        assert ("MODIFIED", since) in seen, seen
-        assert all(kind != "DELETED" for kind, _ in seen), seen
-        after = [
-            e for e in in_a.of(name) if int(e["object"]["metadata"]["resourceVersion"]) >= back_rv
-        ]
-        assert after and "deletionTimestamp" not in after[-1]["object"]["metadata"], after
+    events = in_a.of(name)
+    seen = [(e["type"], e["object"]["metadata"].get("deletionTimestamp")) for e in events]
+    assert ("MODIFIED", since) in seen, seen
+    first = seen.index(("MODIFIED", since))
+    # from the first deletion on: being deleted until DELETED, then ADDED without it
+    tail = seen[first:]
+    assert tail[-2:] == [("DELETED", since), ("ADDED", None)], seen
+    assert all(ts == since for _, ts in tail[:-1]), seen
+    added = events[-1]["object"]
+    assert int(added["metadata"]["resourceVersion"]) == release_rv >= back_rv
+    assert added["metadata"]["labels"]["region"] == "a"
+    assert not added["metadata"].get("finalizers"), added
 
 
 # --------------------------------------------------------------------------------------------

@@ -193,8 +193,13 @@ async def test_guards_and_the_release_of_a_leaving_object(bed: Bed) -> None:
         await bed.direct_patch(name, {"metadata": {"labels": {"region": "hb"}}})
 
         async def leaving() -> dict[str, Any] | None:
+            # shown being deleted at once; since the recorded time once the move is recorded
             code, obj = await bed.call("GET", bed.via("hw-a", name))
-            return obj if code == 200 and obj["metadata"].get("deletionTimestamp") else None
+            since = holds_of(await bed.stored(name)).get(sid, {}).get("leavingSince")
+            shown = code == 200 and obj["metadata"].get("deletionTimestamp")
+            return (
+                obj if shown and since and obj["metadata"]["deletionTimestamp"] == since else None
+            )
 
         shown = await _eventually(leaving)
         assert shown["metadata"]["deletionGracePeriodSeconds"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -180,15 +181,25 @@ async def held_by_a(world: World, name: str) -> dict[str, Any]:
 
 
 async def leaving_a(world: World, name: str) -> dict[str, Any]:
-    """``held_by_a`` relabelled to ``b`` in kcp, once ``a`` shows it being deleted."""
+    """``held_by_a`` relabelled to ``b`` in kcp, once the move is recorded and ``a`` shows it
+    being deleted since then."""
     await held_by_a(world, name)
     world.relabel(name, region="b")
+    return await recorded_leaving(world, name)
+
+
+async def recorded_leaving(world: World, name: str, slice_name: str = "a") -> dict[str, Any]:
+    """The object as ``slice_name`` shows it once its leave is recorded (a GET before that
+    shows it being deleted too, since a provisional time)."""
 
     async def shown_deleted() -> dict[str, Any] | None:
-        code, obj = await world.call("GET", world.url("a", name))
-        return obj if code == 200 and obj["metadata"].get("deletionTimestamp") else None
+        code, obj = await world.call("GET", world.url(slice_name, name))
+        assert code == 200 and obj["metadata"].get("deletionTimestamp"), obj
+        hold = holds_of(world.stored(name)).get(f"{SLICE_CLUSTER}/{slice_name}", {})
+        since = hold.get("leavingSince")
+        return obj if since and obj["metadata"]["deletionTimestamp"] == since else None
 
-    return await eventually("a shows the object being deleted", shown_deleted)
+    return await eventually(f"{slice_name} shows the object being deleted", shown_deleted)
 
 
 # --- recording ----------------------------------------------------------------------------------
@@ -443,21 +454,71 @@ async def test_release_by_merge_patch_and_by_json_patch(world: World) -> None:
     assert world.stored("m3")["metadata"]["finalizers"] == [FIN_A]
 
 
-async def test_a_move_back_before_the_release_is_seen_as_normal_again(world: World) -> None:
-    await leaving_a(world, "back")
-    world.relabel("back", region="a")
-
-    async def normal() -> dict[str, Any] | None:
+async def test_a_move_back_before_the_release_is_still_a_deletion(world: World) -> None:
+    """A → B → A before A released: Kubernetes never takes a deletionTimestamp back, so A
+    keeps seeing the object being deleted (LIST, GET, WATCH) until it releases its finalizer;
+    then A's watch gets DELETED, and ADDED for the object that is A's again. B never sees it,
+    and neither does the overlapping slice ab (which matches it, but its holder is letting go)
+    until the release."""
+    code, _ = await world.call("GET", world.url("a"))
+    assert code == 200
+    async with (
+        world.session.get(world.url("a"), params={"watch": "1"}) as watch_a,
+        world.session.get(world.url("b"), params={"watch": "1", "timeoutSeconds": "4"}) as watch_b,
+        world.session.get(world.url("ab"), params={"watch": "1"}) as watch_ab,
+    ):
+        shown = await leaving_a(world, "back")
+        since = shown["metadata"]["deletionTimestamp"]
+        world.relabel("back", region="a")
+        await asyncio.sleep(0.3)  # several of the loop's scans (every 0.05 s) of the move back
+        assert holds_of(world.stored("back"))[f"{SLICE_CLUSTER}/a"]["leavingSince"] == since
         code, obj = await world.call("GET", world.url("a", "back"))
-        return obj if code == 200 and not obj["metadata"].get("deletionTimestamp") else None
+        assert code == 200 and obj["metadata"]["deletionTimestamp"] == since
+        assert obj["metadata"]["labels"]["region"] == "a"
+        code, listed = await world.call("GET", world.url("a"))
+        assert [i["metadata"].get("deletionTimestamp") for i in listed["items"]] == [since]
+        for other in ("b", "ab"):
+            code, _ = await world.call("GET", world.url(other, "back"))
+            assert code == 404, other
+            code, listed = await world.call("GET", world.url(other))
+            assert listed["items"] == [], other
+        # Through a, only the release is allowed (the object is being deleted there).
+        update = dict(obj, spec={"size": 9})
+        code, status = await world.call("PUT", world.url("a", "back"), update)
+        assert code == 409, status
+        release = json.loads(json.dumps(obj))
+        release["metadata"]["finalizers"] = []
+        code, released = await world.call("PUT", world.url("a", "back"), release)
+        assert code == 200, released
+        seen: list[str] = []
 
-    await eventually("a shows it normal", normal)
-    await eventually(
-        "leavingSince cleared",
-        lambda: _true("leavingSince" not in holds_of(world.stored("back"))[f"{SLICE_CLUSTER}/a"]),
+        def readded(event: dict[str, Any]) -> bool:
+            seen.append(event["type"])
+            return seen[-2:] == ["DELETED", "ADDED"]
+
+        events_a = await _events(watch_a, until=readded)
+        events_ab = await _events(watch_ab, until=lambda e: e["type"] == "ADDED")
+        # b: nothing at all until its watch times out (the object is a's again)
+        async with asyncio.timeout(WAIT):
+            assert await watch_b.content.read() == b""
+    # a: created, shown being deleted, ... , DELETED, ADDED — never a deletion taken back
+    kinds = [e["type"] for e in events_a]
+    assert kinds[0] == "ADDED" and kinds[-2:] == ["DELETED", "ADDED"], kinds
+    deleting = False
+    for event in events_a[:-1]:
+        has = bool(event["object"]["metadata"].get("deletionTimestamp"))
+        assert not (deleting and not has), f"the deletionTimestamp went away: {events_a}"
+        deleting = deleting or has
+    assert deleting
+    back = events_a[-1]["object"]
+    assert back["metadata"]["labels"]["region"] == "a" and not back["metadata"].get("finalizers")
+    assert (
+        events_a[-2]["object"]["metadata"]["resourceVersion"]
+        == (back["metadata"]["resourceVersion"])
     )
-    code, _ = await world.call("GET", world.url("b", "back"))
-    assert code == 404
+    assert [e["type"] for e in events_ab] == ["ADDED"]
+    code, obj = await world.call("GET", world.url("a", "back"))
+    assert code == 200 and not obj["metadata"].get("deletionTimestamp")
 
 
 async def test_overlapping_slices_share_an_object_that_stays_in_both(world: World) -> None:
@@ -682,3 +743,125 @@ async def test_a_client_page_kcp_answers_is_filled_to_its_limit(world: World) ->
         if not token:
             break
     assert sorted(names) == [f"mine-{i}" for i in range(6)] and pages == 2
+
+
+# --- a client's own selector, and what the holding slice may ever observe -------------------------
+
+
+async def test_a_client_selecting_by_the_slices_label_sees_the_deletion(world: World) -> None:
+    """A client whose own labelSelector is the slice's label (controller-runtime's ByObject
+    label selectors) gets the leaving object being deleted — in its watch, its LIST from the
+    cache and a LIST kcp answers — never a plain DELETED with its finalizer still on; after the
+    release, DELETED."""
+    own = {"labelSelector": "region=a"}
+    code, _ = await world.call("GET", world.url("a"))
+    assert code == 200
+    async with world.session.get(world.url("a"), params={"watch": "1", **own}) as watch:
+        shown = await leaving_a(world, "selected")
+        since = shown["metadata"]["deletionTimestamp"]
+        leaving = await _events(
+            watch, until=lambda e: bool(e["object"]["metadata"].get("deletionTimestamp"))
+        )
+        assert [e["type"] for e in leaving] == ["ADDED", "MODIFIED"], leaving
+        assert leaving[-1]["object"]["metadata"]["labels"]["region"] == "b"
+        for url, params in (
+            (world.url("a"), own),
+            (world.everywhere("a"), {**own, "fieldSelector": "metadata.namespace=ns1"}),  # kcp
+            (world.everywhere("a"), {"labelSelector": "region=a,app notin (x)"}),
+        ):
+            code, listed = await world.call_with("GET", url, params)
+            assert code == 200, listed
+            assert [i["metadata"].get("deletionTimestamp") for i in listed["items"]] == [since]
+        # a selector the labels before the move did not match still does not take it
+        code, listed = await world.call_with("GET", world.url("a"), {"labelSelector": "region=b"})
+        assert listed["items"] == []
+        release = json.loads(json.dumps(shown))
+        release["metadata"]["finalizers"] = []
+        code, _ = await world.call("PUT", world.url("a", "selected"), release)
+        assert code == 200
+        gone = await _events(watch, until=lambda e: e["type"] == "DELETED")
+    assert [e["type"] for e in gone] == ["DELETED"]
+    assert gone[0]["object"]["metadata"]["deletionTimestamp"] == since
+    assert holds_of(world.stored("selected")) == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_moves_never_show_the_holder_its_object_outside_it_undeleted(
+    world: World, seed: int
+) -> None:
+    """Random relabels (between a, b, c and no region; at once or after a pause, before and
+    after the move was recorded) and releases of an object a holds, while a's watches (one
+    with a's own label as its selector), LISTs and GETs read it: a never observes it outside
+    region=a without a deletionTimestamp, and once a deletion was shown it stays until a
+    DELETED. Moves of several objects race the handoff loop's recording write."""
+    rng = random.Random(seed)
+    names = [f"r{seed}-{i}" for i in range(3)]
+    code, _ = await world.call("GET", world.url("a"))
+    assert code == 200
+    problems: list[str] = []
+
+    def check(where: str, item: dict[str, Any]) -> None:
+        meta = item["metadata"]
+        if meta.get("labels", {}).get("region") != "a" and not meta.get("deletionTimestamp"):
+            problems.append(f"{where}: {meta['name']} outside a without a deletion: {meta}")
+
+    async def watch(params: dict[str, str], stop: asyncio.Event) -> None:
+        deleting: set[str] = set()
+        async with world.session.get(world.url("a"), params={"watch": "1", **params}) as r:
+            while not stop.is_set():
+                try:
+                    async with asyncio.timeout(0.2):
+                        line = await r.content.readline()
+                except TimeoutError:
+                    continue
+                if not line:
+                    return
+                event = json.loads(line)
+                obj, name = event["object"], event["object"]["metadata"]["name"]
+                if event["type"] == "DELETED":
+                    deleting.discard(name)
+                    continue
+                check(f"watch {params}", obj)
+                if obj["metadata"].get("deletionTimestamp"):
+                    deleting.add(name)
+                elif name in deleting:
+                    problems.append(f"watch {params}: {name}'s deletionTimestamp went away")
+
+    async def reads(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            code, listed = await world.call("GET", world.url("a"))
+            for item in listed.get("items", []):
+                check("list", item)
+            for name in names:
+                code, obj = await world.call("GET", world.url("a", name))
+                if code == 200:
+                    check("get", obj)
+            await asyncio.sleep(0.01)
+
+    stop = asyncio.Event()
+    readers = [
+        asyncio.ensure_future(watch({}, stop)),
+        asyncio.ensure_future(watch({"labelSelector": "region=a"}, stop)),
+        asyncio.ensure_future(reads(stop)),
+    ]
+    try:
+        await asyncio.sleep(0.1)
+        for name in names:
+            await held_by_a(world, name)
+        for _ in range(12):
+            name = rng.choice(names)
+            step = rng.choice(["relabel", "relabel", "release", "pause"])
+            if step == "relabel":
+                world.relabel(name, region=rng.choice(["a", "b", "c", "x"]))
+            elif step == "release":
+                code, obj = await world.call("GET", world.url("a", name))
+                if code == 200 and obj["metadata"].get("deletionTimestamp"):
+                    obj["metadata"]["finalizers"] = []
+                    await world.call("PUT", world.url("a", name), obj)
+            else:
+                await asyncio.sleep(rng.choice([0.0, 0.05, 0.2]))
+        await asyncio.sleep(0.3)
+    finally:
+        stop.set()
+        await asyncio.gather(*readers)
+    assert not problems, problems[:5]

@@ -149,11 +149,17 @@ def informer_args(server: str, *credentials: str, watch_list: bool) -> list[str]
 
 
 def reconciler_args(
-    server: str, *credentials: str, namespace: str, finalizer: str, phase: str
+    server: str,
+    *credentials: str,
+    namespace: str,
+    finalizer: str,
+    phase: str,
+    label_selector: str = "",
 ) -> list[str]:
     """A controller-runtime reconciler on ``server`` (one logical cluster: ``clusters/<id>``)
     for the widgets of ``namespace``: adds ``finalizer``, sets ``status.phase`` to ``phase``,
-    removes the finalizer once the object is being deleted."""
+    removes the finalizer once the object is being deleted; ``label_selector``: its cache's
+    own label selector for widgets (controller-runtime ``cache.ByObject``)."""
     return [
         "reconciler",
         f"--server={server}",
@@ -161,6 +167,7 @@ def reconciler_args(
         f"--namespace={namespace}",
         f"--finalizer={finalizer}",
         f"--status-phase={phase}",
+        *([f"--label-selector={label_selector}"] if label_selector else []),
     ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -29,10 +30,12 @@ from tests.unit.test_cache_store import (
     history,
     initial_strategy,
     make,
+    obj,
     ops_strategy,
     rewritten,
 )
 from vwserver.cache.entries import Change, Entry, Meta, entry
+from vwserver.cache.store import Store
 from vwserver.cache.views import (
     EVERYTHING,
     ClientFilter,
@@ -46,12 +49,16 @@ from vwserver.cache.views import (
     accepts,
     departed,
     escape_field_value,
+    leaving,
     parse_field_selector,
+    pending,
     transition,
     visible,
     with_resource_version,
 )
+from vwserver.controller.handoff import decide
 from vwserver.errors import BadRequest
+from vwserver.holds import HOLDS_ANNOTATION, as_leaving, effective_holds, plan_write
 from vwserver.selector import Selector
 
 SLICES = ["env=prod", "env!=dev", "region in (eu)", "!env", "", "env=prod,region=eu"]
@@ -108,9 +115,7 @@ def test_the_informer_invariant(
         held = {e.key: e for e in store.state_at(start) if accept(e)}
         assert list(held.values()) == by_key(h.at(start), accept)
         for change in store.changes_since(start):
-            verdict = transition(view=view, client=client, change=change)
-            if verdict is not None:
-                kind, sent = verdict
+            for kind, sent in transition(view=view, client=client, change=change):
                 assert sent.meta.resource_version == change.rv
                 assert json.loads(sent.raw)["metadata"]["resourceVersion"] == str(change.rv)
                 if kind == "DELETED":
@@ -136,23 +141,22 @@ def test_transitions_one_by_one() -> None:
         kind = "DELETED" if new is None else "MODIFIED" if prev else "ADDED"
         return Change(kind, rv, prev, new, **kw)  # type: ignore[arg-type]
 
-    assert transition(view=view, client=client, change=change(None, prod, 5)) == ("ADDED", prod)
-    assert transition(view=view, client=client, change=change(None, dev, 6)) is None
-    assert transition(view=view, client=client, change=change(dev, prod2, 7)) == ("ADDED", prod2)
+    assert transition(view=view, client=client, change=change(None, prod, 5)) == (("ADDED", prod),)
+    assert transition(view=view, client=client, change=change(None, dev, 6)) == ()
+    assert transition(view=view, client=client, change=change(dev, prod2, 7)) == (("ADDED", prod2),)
     assert transition(view=view, client=client, change=change(prod, prod2, 7)) == (
-        "MODIFIED",
-        prod2,
+        ("MODIFIED", prod2),
     )
     left = change(prod, dev, 6)
-    kind, sent = transition(view=view, client=client, change=left) or ("", prod)
+    ((kind, sent),) = transition(view=view, client=client, change=left)
     assert kind == "DELETED"
     assert json.loads(sent.raw)["metadata"]["labels"] == {"env": "prod"}  # the previous content
     assert sent.meta.resource_version == 6 and sent.meta.labels == {"env": "prod"}
     # a second client gets the very same entry (built once per change)
     other = ClientFilter(cluster="c1")
-    assert transition(view=view, client=other, change=left) == ("DELETED", sent)
+    assert transition(view=view, client=other, change=left) == (("DELETED", sent),)
     # neither version passes: nothing
-    assert transition(view=view, client=client, change=change(dev, None, 8)) is None
+    assert transition(view=view, client=client, change=change(dev, None, 8)) == ()
 
 
 def test_a_deletion_carries_the_upstreams_object_when_it_is_the_previous_version() -> None:
@@ -160,7 +164,7 @@ def test_a_deletion_carries_the_upstreams_object_when_it_is_the_previous_version
     prev = make(KEYS[0], {"env": "prod"}, 5)
     gone = rewritten(prev, 9)
     change = Change("DELETED", 9, prev, None, deleted=gone)
-    assert transition(view=view, client=ClientFilter(), change=change) == ("DELETED", gone)
+    assert transition(view=view, client=ClientFilter(), change=change) == (("DELETED", gone),)
 
 
 def test_a_deletion_never_carries_content_the_client_did_not_see() -> None:
@@ -170,7 +174,7 @@ def test_a_deletion_never_carries_content_the_client_did_not_see() -> None:
     prev = make(KEYS[0], {"env": "prod"}, 5)
     odd = make(KEYS[0], {"env": "dev", "secret": "yes"}, 9)
     change = Change("DELETED", 9, prev, None, deleted=odd)
-    kind, sent = transition(view=view, client=ClientFilter(), change=change) or ("", prev)
+    ((kind, sent),) = transition(view=view, client=ClientFilter(), change=change)
     assert kind == "DELETED" and sent is not odd
     assert without_rv(sent.raw) == without_rv(prev.raw) and sent.meta.resource_version == 9
     assert departed(change) is sent
@@ -364,3 +368,172 @@ def test_field_selector_matching() -> None:
     assert selector.requires("metadata.namespace") == "ns"
     assert selector.requires("metadata.name") is None
     assert dataclasses.replace(selector).render() == "metadata.namespace=ns"
+
+
+# --- the handoff, as a watch and a LIST of the holding slice show it ------------------------------
+
+PROD = "ws/prod"
+DEV = "ws/dev"
+SLICE_SELECTORS = {PROD: Selector.parse("env=prod"), DEV: Selector.parse("env=dev")}
+HELD_KEY = KEYS[0]
+
+
+def held_entry(
+    rv: int, labels: Labels, finalizers: list[str], holds: str | None, spec: int
+) -> Entry:
+    doc = obj(HELD_KEY, labels, rv, spec=spec)
+    if finalizers:
+        doc["metadata"]["finalizers"] = finalizers
+    if holds is not None:
+        doc["metadata"]["annotations"][HOLDS_ANNOTATION] = holds
+    return entry(json.dumps(doc).encode())
+
+
+def slice_view(sid: str) -> SliceView:
+    return SliceView(selector=SLICE_SELECTORS[sid], id=sid, peers=SLICE_SELECTORS.get)
+
+
+def shown_doc(view: SliceView, item: Entry) -> Any:
+    since = leaving(view, item.meta)
+    raw = item.raw if since is None else as_leaving(item.raw, since, now=lambda: "provisional")
+    return json.loads(raw)
+
+
+handoff_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("relabel"), st.sampled_from(["prod", "dev", "x"])),
+        st.tuples(st.just("adopt"), st.sampled_from([PROD, DEV])),
+        st.tuples(st.just("release"), st.sampled_from([PROD, DEV])),
+        st.tuples(st.just("scan"), st.just("")),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=handoff_ops, selective=st.booleans())
+def test_a_holding_slice_never_sees_its_object_outside_its_selector_without_a_deletion(
+    ops: list[tuple[str, str]], selective: bool
+) -> None:
+    """Random relabels, adoptions (a finalizer added through a slice), releases and handoff
+    scans of one object. For every client of every slice — also one whose own labelSelector is
+    the slice's label (controller-runtime's ByObject) — at every resourceVersion:
+
+    * LIST: an object shown outside the slice's selector carries a deletionTimestamp;
+    * WATCH: every ADDED/MODIFIED likewise; once a client was shown the object being deleted,
+      it is never shown it again without a deletion before a DELETED (monotonic deletion);
+    * a watch that starts from any LIST holds, after each change, what that LIST would show —
+      except a version leaving the slice before its move is recorded, which is held back
+      (the client keeps the version before it);
+    * a client of the slice that holds a leaving object sees it, whatever its own selector.
+    """
+    store = Store(window=64)
+    rv, spec = 1, 0
+    labels: Labels = {"env": "prod"}
+    finalizers: list[str] = []
+    holds: str | None = None
+    store.replace([held_entry(rv, labels, finalizers, holds, spec)], rv)
+
+    def put() -> None:
+        nonlocal rv, spec
+        rv += 1
+        spec += 1
+        store.apply("MODIFIED", held_entry(rv, labels, finalizers, holds, spec))
+
+    for op, arg in ops:
+        current = store.get(HELD_KEY)
+        assert current is not None
+        meta_now = current.meta
+        if op == "relabel":
+            labels = {"env": arg}
+        elif op == "adopt":
+            view = slice_view(arg)
+            if not visible(view, meta_now) or leaving(view, meta_now) is not None:
+                continue
+            plan = plan_write(
+                view,
+                stored_annotations=meta_now.annotations,
+                stored_finalizers=meta_now.finalizers,
+                result_finalizers=[*finalizers, f"{arg}/f"],
+                record=True,
+            )
+            finalizers = [*finalizers, f"{arg}/f"]
+            holds = plan.annotation
+        elif op == "release":
+            view = slice_view(arg)
+            if f"{arg}/f" not in finalizers or not visible(view, meta_now):
+                continue
+            rest = [f for f in finalizers if f != f"{arg}/f"]
+            plan = plan_write(
+                view,
+                stored_annotations=meta_now.annotations,
+                stored_finalizers=meta_now.finalizers,
+                result_finalizers=rest,
+                record=False,
+            )
+            finalizers, holds = rest, plan.annotation
+        else:
+            decision = decide(
+                labels=dict(meta_now.labels),
+                annotations=dict(meta_now.annotations),
+                finalizers=meta_now.finalizers,
+                selector_of=SLICE_SELECTORS.get,
+                timeout_of=lambda _sid: None,
+                now=datetime(2026, 12, 1, tzinfo=UTC),
+                labels_before=lambda _sid, selector: (
+                    found.meta.labels
+                    if (
+                        found := store.last_version(
+                            HELD_KEY, lambda e: selector.matches(e.meta.labels)
+                        )
+                    )
+                    else None
+                ),
+            )
+            if decision is None:
+                continue
+            holds = decision.holds
+        put()
+
+    for sid in SLICE_SELECTORS:
+        view = slice_view(sid)
+        own = SLICE_SELECTORS[sid]
+        filters = [ClientFilter(), *([ClientFilter(labels=own)] if selective else [])]
+        for client in filters:
+            accept = accepts(view, client)
+            for start in range(store.oldest_rv, store.rv + 1):
+                listed = {e.key: e for e in store.state_at(start) if accept(e)}
+                for item in listed.values():
+                    doc = shown_doc(view, item)
+                    assert own.matches(doc["metadata"].get("labels")) or doc["metadata"].get(
+                        "deletionTimestamp"
+                    ), (sid, doc)
+                held = {k: shown_doc(view, e) for k, e in listed.items()}
+                deleting = {k for k, d in held.items() if d["metadata"].get("deletionTimestamp")}
+                for change in store.changes_since(start):
+                    for kind, sent in transition(view=view, client=client, change=change):
+                        doc = shown_doc(view, sent)
+                        if kind == "DELETED":
+                            assert change.key in held
+                            held.pop(change.key)
+                            deleting.discard(change.key)
+                            continue
+                        assert (kind == "MODIFIED") == (change.key in held), kind
+                        being_deleted = bool(doc["metadata"].get("deletionTimestamp"))
+                        assert own.matches(doc["metadata"]["labels"]) or being_deleted, doc
+                        if change.key in deleting:
+                            assert being_deleted, f"{sid}: the deletionTimestamp went away"
+                        held[change.key] = doc
+                        if being_deleted:
+                            deleting.add(change.key)
+                    assert change.new is not None
+                    new = change.new
+                    if accept(new) and not pending(view, new.meta):
+                        assert held.get(change.key) == shown_doc(view, new)
+                    elif not accept(new):
+                        assert change.key not in held
+                    if (
+                        effective_holds(new.meta.annotations, new.meta.finalizers).get(sid)
+                        is not None
+                    ):
+                        assert change.key in held, f"{sid} holds it but its client lost it"

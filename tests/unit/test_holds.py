@@ -14,7 +14,12 @@ checks after every step:
 * a finalizer added through a slice leaves the object while that slice is leaving it only
   through that slice or the escape hatch (while the slice still sees the object as a member,
   any slice that sees it may remove it: tests/security/test_finalizer_rules.py);
-* a slice sees the object being deleted exactly while it holds it and no longer matches it.
+* a slice sees the object being deleted exactly while it holds it and (no longer matches it,
+  or its leave was recorded): a deletion, once recorded, never goes away while the hold lasts
+  (an object moved back before the slice released it is still being deleted there);
+* while a holder is leaving the object, no other slice that does not hold it sees it;
+* a client's own label selector is matched against a leaving object by the labels it had as
+  the slice last saw it, which the slice's selector matches.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from vwserver.errors import HeldFinalizer
 from vwserver.holds import (
     HOLDS_ANNOTATION,
     RELEASE_ANNOTATION,
+    Hold,
     Member,
     as_leaving,
+    client_labels,
     effective_holds,
     leaving_since,
     parse_holds,
@@ -65,6 +72,14 @@ class Obj:
     finalizers: list[str] = field(default_factory=list)
     adder: dict[str, str] = field(default_factory=dict)
     """Ground truth: which slice added each finalizer (through the proxy)."""
+    history: list[dict[str, str]] = field(default_factory=list)
+    """Every set of labels the object had, oldest first (the cache's window of changes)."""
+
+    def labels_before(self, _sid: str, selector: Selector) -> dict[str, str] | None:
+        for labels in reversed(self.history):
+            if selector.matches(labels):
+                return labels
+        return None
 
     def sees(self, sid: str) -> bool:
         return sees(
@@ -161,6 +176,7 @@ def _scan(obj: Obj, minutes: int, timeouts: dict[str, float]) -> None:
         selector_of=SELECTORS.get,
         timeout_of=timeouts.get,
         now=NOW + timedelta(minutes=minutes),
+        labels_before=obj.labels_before,
     )
     if decision is None:
         return
@@ -174,7 +190,9 @@ def _scan(obj: Obj, minutes: int, timeouts: dict[str, float]) -> None:
         obj.annotations.pop(RELEASE_ANNOTATION, None)
 
 
-def _check(obj: Obj) -> None:
+def _check(obj: Obj, recorded: dict[str, str]) -> None:
+    """The contract after one step; ``recorded``: each slice's recorded leave as of the last
+    step (updated here)."""
     for one, other in DISJOINT:
         assert not (obj.sees(one) and obj.sees(other)), (one, other, obj)
     holds = effective_holds(obj.annotations, obj.finalizers)
@@ -182,9 +200,32 @@ def _check(obj: Obj) -> None:
         assert obj.sees(sid), f"{sid} holds {hold} but does not see the object"
         for f in hold.finalizers:
             assert obj.adder.get(f) == sid
+    leavers = {sid for sid, hold in holds.items() if obj.leaving(sid) is not None}
     for sid, selector in SELECTORS.items():
-        expected = sid in holds and not selector.matches(obj.labels)
-        assert (obj.leaving(sid) is not None) == expected
+        hold = holds.get(sid)
+        expected = hold is not None and (
+            bool(hold.leavingSince) or not selector.matches(obj.labels)
+        )
+        since = obj.leaving(sid)
+        assert (since is not None) == expected
+        # monotonic: a recorded leave stays while the hold lasts, with the same time
+        if sid in recorded and hold is not None:
+            assert since == recorded[sid], (sid, since, recorded[sid])
+        if hold is None or not hold.leavingSince:
+            recorded.pop(sid, None)
+        else:
+            recorded[sid] = hold.leavingSince
+        if leavers - {sid} and hold is None:
+            assert not obj.sees(sid), f"{sid} sees it while {leavers} let go of it"
+        if since is not None:
+            shown = client_labels(
+                member(sid),
+                labels=obj.labels,
+                annotations=obj.annotations,
+                finalizers=obj.finalizers,
+            )
+            if hold is not None and hold.leavingLabels is not None:
+                assert selector.matches(shown), (sid, shown)
 
 
 @settings(max_examples=400, deadline=None)
@@ -196,13 +237,15 @@ def _check(obj: Obj) -> None:
 def test_random_histories_keep_the_handoff_contract(
     start: str, ops: list[tuple[object, ...]], timeout: float | None
 ) -> None:
-    obj = Obj(labels={"region": start})
+    obj = Obj(labels={"region": start}, history=[{"region": start}])
     timeouts = {sid: timeout for sid in SELECTORS if timeout is not None}
-    _check(obj)
+    recorded: dict[str, str] = {}
+    _check(obj, recorded)
     for op in ops:
         match op:
             case ("relabel", region):
                 obj.labels = {"region": str(region)}
+                obj.history.append(obj.labels)
             case ("add", sid, f):
                 if f not in obj.finalizers:
                     _write_through(obj, str(sid), [*obj.finalizers, str(f)])
@@ -219,7 +262,7 @@ def test_random_histories_keep_the_handoff_contract(
                 # A consumer (not a slice) removes a finalizer no slice added.
                 if f in obj.finalizers and f not in obj.adder:
                     obj.finalizers = [x for x in obj.finalizers if x != f]
-        _check(obj)
+        _check(obj, recorded)
 
 
 # --- examples -----------------------------------------------------------------------------------
@@ -289,7 +332,7 @@ def test_plan_write_records_only_where_asked_and_refuses_a_leaving_slices_finali
         )
 
 
-def test_decide_records_clears_and_times_out() -> None:
+def test_decide_records_and_times_out() -> None:
     held = json.dumps({"ws/a": {"finalizers": ["f"]}})
     moved = decide(
         labels={"region": "b"},
@@ -337,7 +380,7 @@ def test_decide_records_clears_and_times_out() -> None:
         timeout_of=lambda _sid: None,
         now=NOW,
     )
-    assert back is not None and parse_holds(back.holds)["ws/a"].leavingSince == ""
+    assert back is None  # moved back before the release: the recorded leave stays
     unknown = decide(
         labels={"region": "b"},
         annotations={HOLDS_ANNOTATION: json.dumps({"other/x": {"finalizers": ["f"]}})},
@@ -347,3 +390,135 @@ def test_decide_records_clears_and_times_out() -> None:
         now=NOW,
     )
     assert unknown is None  # another server's slice: left alone
+
+
+# --- a leave, once recorded, completes (monotonic deletion) ------------------------------------
+
+
+def _recorded(holds: dict[str, Hold]) -> dict[str, str]:
+    value = render_holds(holds)
+    assert value is not None
+    return {HOLDS_ANNOTATION: value}
+
+
+def test_an_object_moved_back_before_the_release_is_still_being_deleted() -> None:
+    """A → B → A before A released: A keeps seeing the deletion (Kubernetes never takes a
+    deletionTimestamp back), B and every slice that does not hold it see nothing until A's
+    hold ends; then A sees the object it matches again, not leaving."""
+    held = {HOLDS_ANNOTATION: json.dumps({"ws/a": {"finalizers": ["f"]}})}
+    moved = decide(
+        labels={"region": "b"},
+        annotations=held,
+        finalizers=["f"],
+        selector_of=SELECTORS.get,
+        timeout_of=lambda _sid: None,
+        now=NOW,
+        labels_before=lambda _sid, _sel: {"region": "a", "app": "w"},
+    )
+    assert moved is not None and moved.holds is not None
+    leaving = {HOLDS_ANNOTATION: moved.holds}
+    hold = parse_holds(moved.holds)["ws/a"]
+    assert hold.leavingLabels == {"region": "a", "app": "w"}
+    back = {"region": "a"}
+    for labels in ({"region": "b"}, back):
+        kw = {"labels": labels, "annotations": leaving, "finalizers": ["f"]}
+        assert sees(member("ws/a"), **kw)
+        assert leaving_since(member("ws/a"), **kw) == "2026-12-01T12:00:00Z"
+        assert not sees(member("ws/b"), **kw)
+        assert not sees(member("ws/ab"), **kw)  # matches, but its holder is letting go
+        assert client_labels(member("ws/a"), **kw) == {"region": "a", "app": "w"}
+        # the loop leaves the recorded leave alone, whatever the labels
+        assert (
+            decide(
+                labels=labels,
+                annotations=leaving,
+                finalizers=["f"],
+                selector_of=SELECTORS.get,
+                timeout_of=lambda _sid: None,
+                now=NOW + timedelta(hours=1),
+            )
+            is None
+        )
+    # the hold times out even when the object matches again
+    timed_out = decide(
+        labels=back,
+        annotations=leaving,
+        finalizers=["f"],
+        selector_of=SELECTORS.get,
+        timeout_of=lambda _sid: 60.0,
+        now=NOW + timedelta(seconds=60),
+    )
+    assert timed_out is not None and timed_out.ended == [("ws/a", ("f",), "timeout")]
+    # A released (its finalizer and entry gone): the object is A's again, not leaving
+    released = plan_write(
+        member("ws/a"),
+        stored_annotations=leaving,
+        stored_finalizers=["f"],
+        result_finalizers=[],
+        record=False,
+    )
+    assert released.annotation is None
+    after = {"labels": back, "annotations": {}, "finalizers": []}
+    assert sees(member("ws/a"), **after) and leaving_since(member("ws/a"), **after) is None
+    assert sees(member("ws/ab"), **after) and not sees(member("ws/b"), **after)
+
+
+def test_a_move_is_recorded_with_the_labels_the_slice_last_saw() -> None:
+    held = {HOLDS_ANNOTATION: json.dumps({"ws/a": {"finalizers": ["f"]}})}
+    kw = {
+        "annotations": held,
+        "finalizers": ["f"],
+        "selector_of": SELECTORS.get,
+        "timeout_of": lambda _sid: None,
+        "now": NOW,
+    }
+    # the window no longer has a version that matched: the labels the selector implies
+    guessed = decide(labels={"region": "b", "app": "w"}, **kw)  # type: ignore[arg-type]
+    assert guessed is not None and guessed.holds is not None
+    assert parse_holds(guessed.holds)["ws/a"].leavingLabels == {"region": "a", "app": "w"}
+
+
+def test_leaving_labels_survive_every_rewrite_of_the_annotation() -> None:
+    hold = Hold(finalizers=("f", "g"), leavingSince="t", leavingLabels={"region": "a"})
+    annotations = _recorded({"ws/a": hold})
+    assert effective_holds(annotations, ["f"])["ws/a"].leavingLabels == {"region": "a"}
+    plan = plan_write(
+        member("ws/a"),
+        stored_annotations=annotations,
+        stored_finalizers=["f", "g"],
+        result_finalizers=["f"],
+        record=False,
+    )
+    assert plan.annotation is not None
+    assert parse_holds(plan.annotation)["ws/a"] == Hold(
+        finalizers=("f",), leavingSince="t", leavingLabels={"region": "a"}
+    )
+
+
+def test_a_client_selector_matches_a_leaving_object_by_its_labels_before() -> None:
+    """A client selecting by the slice's own label (controller-runtime ByObject) sees the
+    leaving object; an annotation recorded without leavingLabels falls back to the labels the
+    slice's selector implies; an object not leaving is matched by its labels."""
+    prod = Member(selector=Selector.parse("env=prod,tier notin (x)"), id="ws/p")
+    legacy = {HOLDS_ANNOTATION: json.dumps({"ws/p": {"finalizers": ["f"], "leavingSince": "t"}})}
+    shown = client_labels(
+        prod, labels={"env": "dev", "tier": "x", "app": "w"}, annotations=legacy, finalizers=["f"]
+    )
+    assert shown == {"env": "prod", "app": "w"}
+    assert Selector.parse("env=prod").matches(shown)
+    # not recorded yet (unrecorded leave): implied as well
+    fresh = {HOLDS_ANNOTATION: json.dumps({"ws/p": {"finalizers": ["f"]}})}
+    assert client_labels(prod, labels={"env": "dev"}, annotations=fresh, finalizers=["f"]) == {
+        "env": "prod"
+    }
+    # held and matching: its own labels
+    assert client_labels(
+        prod, labels={"env": "prod", "app": "v"}, annotations=fresh, finalizers=["f"]
+    ) == {"env": "prod", "app": "v"}
+
+
+def test_as_leaving_shows_an_unrecorded_move_being_deleted_at_once() -> None:
+    raw = b'{"kind":"Widget","metadata":{"name":"w"}}'
+    shown = json.loads(as_leaving(raw, "", now=lambda: "2026-12-01T12:00:01Z"))
+    assert shown["metadata"]["deletionTimestamp"] == "2026-12-01T12:00:01Z"
+    assert json.loads(as_leaving(raw, ""))["metadata"]["deletionTimestamp"].endswith("Z")

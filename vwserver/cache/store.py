@@ -207,6 +207,17 @@ class Store:
         newer.reverse()
         return newer
 
+    def last_version(self, key: Key, accept: Callable[[Entry], bool]) -> Entry | None:
+        """The newest version of ``key`` in the window that ``accept`` takes (None: the window
+        has none) — e.g. the object as a slice last saw it before it left."""
+        for change in reversed(self._window):
+            if change.key != key:
+                continue
+            for version in (change.new, change.prev):
+                if version is not None and accept(version):
+                    return version
+        return None
+
     def snapshot(self) -> list[Entry]:
         """The current objects, by key."""
         return list(self._entries)

@@ -21,12 +21,15 @@ object's decoded metadata alone, in three layers:
   only the new: ADDED; only the old: DELETED carrying the *previous* content (the client may
   only ever receive what it was allowed to see) at the change's resourceVersion; neither:
   nothing. Applied in order to the client's initial state, these events always reproduce the
-  client's visible set (the informer invariant, tests/unit/test_cache_views.py).
+  client's visible set (the informer invariant, tests/unit/test_cache_views.py). The handoff
+  adds two rules: a version leaving the slice whose move is not recorded yet is held back
+  (:func:`pending`), and a leave that completes while the object matches the slice again is a
+  DELETED then an ADDED, never a MODIFIED that takes the deletionTimestamp away.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,12 +37,13 @@ import msgspec
 
 from vwserver.cache.entries import Change, ChangeType, Entry, Meta
 from vwserver.errors import BadRequest
-from vwserver.holds import Member, leaving_since, sees
+from vwserver.holds import Member, client_labels, leaving_since, sees
 from vwserver.selector import Selector
 
 __all__ = [
     "EVERYTHING",
     "ClientFilter",
+    "Event",
     "FieldRequirement",
     "FieldSelector",
     "FieldSelectorError",
@@ -48,6 +52,8 @@ __all__ = [
     "departed",
     "leaving",
     "parse_field_selector",
+    "pending",
+    "seen",
     "transition",
     "visible",
     "with_resource_version",
@@ -73,6 +79,27 @@ def leaving(view: SliceView, meta: Meta) -> str | None:
     return leaving_since(
         view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
     )
+
+
+def pending(view: SliceView, meta: Meta) -> bool:
+    """Whether the object with ``meta`` is leaving ``view`` but its move is not recorded yet
+    (and kcp is not deleting it): a watch holds such a version back — the recording write's
+    change follows at once and is sent being deleted — so that the slice never sees the
+    object outside its selector without a deletion."""
+    return meta.deletion_timestamp is None and leaving(view, meta) == ""
+
+
+def seen(view: SliceView, client: ClientFilter, meta: Meta) -> bool:
+    """Whether a client of ``view`` with ``client``'s filter sees the object with ``meta``:
+    the slice sees it, and the client's own selectors take it — an object leaving the slice
+    by the labels it had as the slice last saw it (:func:`vwserver.holds.client_labels`), so
+    that a client selecting by the slice's own label sees the deletion too."""
+    if not visible(view, meta):
+        return False
+    labels = client_labels(
+        view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+    )
+    return client.matches(meta, labels=labels)
 
 
 # --- field selectors ----------------------------------------------------------------------------
@@ -235,20 +262,23 @@ class ClientFilter:
     fields: FieldSelector = EVERYTHING
     """The client's ``fieldSelector``."""
 
-    def matches(self, meta: Meta) -> bool:
+    def matches(self, meta: Meta, *, labels: Mapping[str, str] | None = None) -> bool:
+        """Whether the object with ``meta`` passes; its ``labelSelector`` matched against
+        ``labels`` when given (an object leaving the slice, :func:`seen`)."""
         if self.cluster != "*" and meta.cluster != self.cluster:
             return False
         if self.namespace is not None and meta.namespace != self.namespace:
             return False
-        return self.fields.matches(meta) and self.labels.matches(meta.labels)
+        return self.fields.matches(meta) and self.labels.matches(
+            meta.labels if labels is None else labels
+        )
 
 
 def accepts(view: SliceView, client: ClientFilter) -> Callable[[Entry], bool]:
     """The predicate a LIST pages with (:meth:`vwserver.cache.store.Store.page`)."""
 
     def accept(item: Entry) -> bool:
-        meta = item.meta
-        return visible(view, meta) and client.matches(meta)
+        return seen(view, client, item.meta)
 
     return accept
 
@@ -256,25 +286,42 @@ def accepts(view: SliceView, client: ClientFilter) -> Callable[[Entry], bool]:
 # --- watch transitions --------------------------------------------------------------------------
 
 
-def transition(
-    *, view: SliceView, client: ClientFilter, change: Change
-) -> tuple[ChangeType, Entry] | None:
-    """What one change means to one client of one slice: the event type and the entry to send,
-    or None for nothing (cacheWatcher.convertToWatchEvent).
+Event = tuple[ChangeType, Entry]
+"""One watch event: its type and the entry it carries."""
+
+
+def transition(*, view: SliceView, client: ClientFilter, change: Change) -> tuple[Event, ...]:
+    """What one change means to one client of one slice: the events to send, in order (none,
+    one, or a DELETED and an ADDED) — cacheWatcher.convertToWatchEvent, plus the handoff's
+    rules (:mod:`vwserver.holds`).
 
     A DELETED carries the object as the client last could see it, at the change's
     resourceVersion (:func:`departed`): for a deletion, the object as the upstream's DELETED
     event carried it; for an object that left the client's view, its previous version with the
     resourceVersion rewritten (the apiserver does the same). That entry is built once per change
     and shared by every client it goes to.
+
+    The handoff adds two rules. A version that is leaving the slice before its move is
+    recorded (:func:`pending`) is held back: the recording write's change comes next and is
+    sent being deleted. And an object that was leaving the slice and no longer is (the slice
+    released it, or its hold ended, while its labels match the slice again) was being deleted:
+    its deletion completes — DELETED — and it comes back as the object it now is — ADDED, both
+    at the change's resourceVersion — never a MODIFIED that takes the deletionTimestamp away.
     """
     prev, new = change.prev, change.new
-    old_passes = prev is not None and visible(view, prev.meta) and client.matches(prev.meta)
-    if new is not None and visible(view, new.meta) and client.matches(new.meta):
-        return ("MODIFIED" if old_passes else "ADDED"), new
+    old_passes = prev is not None and seen(view, client, prev.meta)
+    if new is not None and seen(view, client, new.meta):
+        if pending(view, new.meta):
+            return ()
+        if not old_passes:
+            return (("ADDED", new),)
+        assert prev is not None
+        if leaving(view, prev.meta) is not None and leaving(view, new.meta) is None:
+            return (("DELETED", departed(change)), ("ADDED", new))
+        return (("MODIFIED", new),)
     if not old_passes:
-        return None
-    return "DELETED", departed(change)
+        return ()
+    return (("DELETED", departed(change)),)
 
 
 def departed(change: Change) -> Entry:

@@ -6,7 +6,12 @@ things do, and this loop makes them from what the shared watch cache holds:
 * **When the move was seen.** An object that a slice holds and no longer matches shows there
   as being deleted since the time vwserver first saw it leave. That time is written into the
   slice's entry of the holds annotation (``leavingSince``), so that every replica and every
-  restart shows the same deletionTimestamp; it is cleared when the object matches again.
+  restart shows the same deletionTimestamp — with the labels the object had as the slice last
+  saw it (``leavingLabels``: what the slice's clients' own label selectors match while it
+  leaves). A recorded leave is never cleared: when the object matches the slice again before
+  the slice released it, the slice still sees it being deleted until its finalizers are gone
+  (then DELETED, and ADDED again as the object it now matches) — Kubernetes never takes a
+  deletionTimestamp back, and controllers rely on that.
 * **Hold timeouts.** Every hold of a leaving object is bounded: by the slice's
   ``holdTimeoutSeconds``, or by :data:`~vwserver.holds.DEFAULT_HOLD_TIMEOUT_SECONDS` (an hour)
   when it sets none; past it, the slice's finalizers are removed from the object and its entry
@@ -32,10 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
+
+from msgspec.structs import replace
 
 from vwserver.cache.entries import Entry, Meta
 from vwserver.cache.registry import CacheRegistry
@@ -48,6 +55,7 @@ from vwserver.holds import (
     Hold,
     annotation_pointer,
     effective_holds,
+    implied_labels,
     parse_holds,
     render_holds,
 )
@@ -91,10 +99,16 @@ def decide(
     selector_of: Callable[[str], Selector | None],
     timeout_of: Callable[[str], float | None],
     now: datetime,
+    labels_before: Callable[[str, Selector], Mapping[str, str] | None] | None = None,
 ) -> Decision | None:
     """What the holds of one object need now (pure). Slices this server does not know are
     left alone: another server may serve them, and their holds stay until it or the operator
-    ends them."""
+    ends them.
+
+    A move is recorded with the time and with the labels the object had as the slice last saw
+    it — ``labels_before(slice id, selector)``, from the cache's window of changes; when that
+    no longer has them (vwserver was down, the window moved on), the labels implied by the
+    slice's selector (:func:`vwserver.holds.implied_labels`)."""
     recorded = parse_holds(annotations.get(HOLDS_ANNOTATION))
     release = annotations.get(RELEASE_ANNOTATION)
     if not recorded and release is None:
@@ -111,21 +125,29 @@ def decide(
             ended.append((sid, kept, "released"))
             continue
         selector = selector_of(sid)
-        since = hold.leavingSince
         if selector is not None:
-            if selector.matches(labels):
-                since = ""
-            elif not since:
-                since = rfc3339(now)
-                started.append(sid)
-            else:
+            if hold.leavingSince:
+                # A recorded leave completes (monotonic deletion): it is never cleared, even
+                # when the object matches the slice again; the hold's end finishes it.
                 timeout = timeout_of(sid)
-                began = _parse_time(since)
+                began = _parse_time(hold.leavingSince)
                 # Compared as seconds elapsed: no datetime arithmetic to overflow.
                 if timeout and began is not None and (now - began).total_seconds() >= timeout:
                     ended.append((sid, kept, "timeout"))
                     continue
-        holds[sid] = Hold(finalizers=kept, leavingSince=since)
+            elif not selector.matches(labels):
+                before = labels_before(sid, selector) if labels_before is not None else None
+                holds[sid] = replace(
+                    hold,
+                    finalizers=kept,
+                    leavingSince=rfc3339(now),
+                    leavingLabels=dict(
+                        before if before is not None else implied_labels(selector, labels)
+                    ),
+                )
+                started.append(sid)
+                continue
+        holds[sid] = hold if kept == hold.finalizers else replace(hold, finalizers=kept)
     removed = {f for _, fs, _ in ended for f in fs}
     new_finalizers = [f for f in present if f not in removed] if removed else None
     value = render_holds(holds)
@@ -231,8 +253,7 @@ class Handoff:
     def _count_stuck(self, meta: Meta, now: datetime) -> None:
         for sid, hold in effective_holds(meta.annotations, meta.finalizers).items():
             began = _parse_time(hold.leavingSince) if hold.leavingSince else None
-            selector = self._routes.selector_of(sid)
-            if began is None or selector is None or selector.matches(meta.labels):
+            if began is None or self._routes.selector_of(sid) is None:
                 continue
             if began + self._stuck_after <= now:
                 seen = self._counting.get(sid)
@@ -257,6 +278,7 @@ class Handoff:
                 selector_of=self._routes.selector_of,
                 timeout_of=self._timeout_of,
                 now=now,
+                labels_before=_labels_before(resource, entry),
             )
             if decision is None:
                 continue
@@ -316,6 +338,21 @@ class Handoff:
             )
             if self._metrics is not None:
                 self._metrics.holds_ended.labels(reason).inc()
+
+
+def _labels_before(
+    resource: SharedResource, entry: Entry
+) -> Callable[[str, Selector], Mapping[str, str] | None]:
+    """The labels of the newest version of ``entry``'s object in the cache's window that a
+    selector matched (None: the window no longer has one)."""
+
+    def labels(_sid: str, selector: Selector) -> Mapping[str, str] | None:
+        found = resource.store.last_version(
+            entry.key, lambda version: selector.matches(version.meta.labels)
+        )
+        return found.meta.labels if found is not None else None
+
+    return labels
 
 
 def entry_key(entry: Entry) -> tuple[str, str, str]:

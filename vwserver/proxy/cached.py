@@ -625,18 +625,26 @@ def _line(
         if line is None:
             line = item.lines[memo] = enc.bookmark(item.rv)
     else:
-        verdict = transition(view=view, client=client, change=item)
-        if verdict is None:
+        events = transition(view=view, client=client, change=item)
+        if not events:
             return None
-        kind, entry = verdict
-        since = leaving(view, entry.meta)
         # Every client that sends this change the same way sends the same bytes: encode once
-        # (an object leaving a slice looks different to that slice's clients).
-        memo = f"{kind}/{shape.value}" if not since else f"{kind}/{shape.value}/{view.id}"
+        # (an object leaving a slice looks different to that slice's clients). A DELETED and
+        # an ADDED (a leave that completed, the object back in the slice) are one line pair,
+        # written at once.
+        leaves = [leaving(view, entry.meta) for _, entry in events]
+        kinds = "+".join(kind for kind, _ in events)
+        memo = (
+            f"{kinds}/{shape.value}"
+            if all(since is None for since in leaves)
+            else f"{kinds}/{shape.value}/{view.id}"
+        )
         line = item.lines.get(memo)
         if line is None:
-            raw = as_leaving(entry.raw, since) if since else entry.raw
-            line = item.lines[memo] = enc.event(kind, raw)
+            line = item.lines[memo] = b"".join(
+                enc.event(kind, entry.raw if since is None else as_leaving(entry.raw, since))
+                for (kind, entry), since in zip(events, leaves, strict=True)
+            )
     if not chunked:
         return line
     framed = item.lines.get(memo + "/chunk")
@@ -649,4 +657,4 @@ def shown(view: SliceView, entry: Entry) -> bytes:
     """The entry's bytes as the slice ``view`` shows them: as stored, or being deleted when the
     object is leaving the slice (:func:`vwserver.holds.as_leaving`)."""
     since = leaving(view, entry.meta)
-    return as_leaving(entry.raw, since) if since else entry.raw
+    return entry.raw if since is None else as_leaving(entry.raw, since)

@@ -163,27 +163,31 @@ class _TableWatch:
         """What ``item`` sends to this client (None: nothing)."""
         if isinstance(item, Bookmark):
             return self.bookmark(item.rv, initial_events_end=False) if self.bookmarks else None
-        verdict = transition(view=self.view, client=self.client, change=item)
-        if verdict is None:
+        events = transition(view=self.view, client=self.client, change=item)
+        if not events:
             return None
-        kind, entry = verdict
         now = self.resource.now()
-        since = leaving(self.view, entry.meta)
+        leaves = [leaving(self.view, entry.meta) for _, entry in events]
         # Every client that prints this change the same way sends the same bytes: print once
         # per representation (per slice for an object leaving it; per second of printing time
         # when there are date cells) — except a watch's first event, which has the columns.
-        memo = f"{self._memo}/{kind}"
-        if since:
+        # A DELETED and an ADDED (a leave that completed) are one line pair.
+        memo = f"{self._memo}/{'+'.join(kind for kind, _ in events)}"
+        if any(since is not None for since in leaves):
             memo += f"/{self.view.id}"
         if self.printer.columns.dates:
             memo += f"@{int(now.timestamp())}"
-        headers = self._first()
-        line = None if headers else item.lines.get(memo)
+        first = self._first()
+        line = None if first else item.lines.get(memo)
         if line is None:
-            raw = as_leaving(entry.raw, since) if since else entry.raw
-            row = self.printer.row(_row(entry, item), raw, now)
-            line = self.printer.event(kind, row, entry.meta.resource_version, headers=headers)
-            if not headers:
+            parts = []
+            for index, ((kind, entry), since) in enumerate(zip(events, leaves, strict=True)):
+                raw = entry.raw if since is None else as_leaving(entry.raw, since)
+                row = self.printer.row(_row(entry, item), raw, now)
+                version = entry.meta.resource_version
+                parts.append(self.printer.event(kind, row, version, headers=first and index == 0))
+            line = b"".join(parts)
+            if not first:
                 item.lines[memo] = line
         return line
 

@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from vwserver.cache.views import NAME, NAMESPACE, parse_field_selector
 from vwserver.errors import BadRequest, SelectorError
-from vwserver.holds import Member, Peers, leaving_since, sees, slice_id
+from vwserver.holds import Member, Peers, leaving_safe, leaving_since, sees, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
@@ -195,6 +195,15 @@ class ProxyRequest:
         except SelectorError as e:
             raise BadRequest(e.message) from e  # the message names labelSelector
 
+    def leaving_safe_selector(self) -> Selector:
+        """What of the client's own ``labelSelector`` kcp may be asked with for a slice that
+        records holds: its requirements on keys the slice's selector does not name. An object
+        leaving the slice is matched by the labels it had before it left
+        (:func:`vwserver.holds.client_labels`), and a move changes the slice's own labels —
+        a requirement on them pushed down would keep the leaving object from the answer; the
+        proxy matches the whole selector itself."""
+        return leaving_safe(self.client_selector(), slice_selector=self.route.selector)
+
     @property
     def strip_objects(self) -> bool:
         """A Table without embedded objects was asked for: the proxy fetches rows with their
@@ -215,7 +224,8 @@ class ProxyRequest:
     ) -> list[tuple[str, str]]:
         """The checked query with the effective selector pushed down (reads and
         deletecollection; not for the unfiltered apibindings) — only the client's own when not
-        ``with_slice`` — and what the proxy must see of each object made sure of."""
+        ``with_slice`` (:meth:`leaving_safe_selector`) — and what the proxy must see of each
+        object made sure of."""
         dropped = {"labelSelector", *drop} if push_selector else set(drop)
         api = self.api
         if api.verb is Verb.GET:
@@ -224,7 +234,7 @@ class ProxyRequest:
             dropped.add("includeObject")
         out = self.options.without(*dropped)
         if push_selector and api.verb in (Verb.LIST, Verb.WATCH, Verb.DELETECOLLECTION):
-            pushed = self.effective_selector() if with_slice else self.client_selector()
+            pushed = self.effective_selector() if with_slice else self.leaving_safe_selector()
             rendered = pushed.render()
             if rendered:
                 out.append(("labelSelector", rendered))

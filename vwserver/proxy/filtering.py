@@ -77,7 +77,7 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.holds import Member, as_leaving, leaving_since, sees
+from vwserver.holds import Member, as_leaving, client_labels, leaving_since, sees
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import ListPage, ObjectHead, ObjectMeta, TablePage
 from vwserver.selector import Selector
@@ -196,12 +196,19 @@ class Page:
         matches = client.matches
         out: list[bytes | msgspec.Raw] = []
         for entry, meta in zip(self.entries, self.metas, strict=True):
-            if meta is None or not matches(meta.labels) or not _sees(member, meta):
+            if meta is None or not _sees(member, meta):
+                continue
+            # An object leaving the slice is matched by the labels it had as the slice last
+            # saw it (a client selecting by the slice's own label must see the deletion).
+            shown = client_labels(
+                member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+            )
+            if not matches(shown):
                 continue
             since = leaving_since(
                 member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
             )
-            out.append(as_leaving(bytes(entry), since) if since and not self.is_table else entry)
+            out.append(entry if since is None or self.is_table else as_leaving(bytes(entry), since))
         return out
 
 

@@ -238,9 +238,9 @@ def with_holds(
 def leaving_refusal(ctx: ProxyRequest, stored: Stored) -> LeavingSlice:
     member = ctx.member
     return LeavingSlice(
-        f'{ctx.api.resource} "{ctx.api.name}" is leaving the slice {member.id} (its labels no '
-        f"longer satisfy {member.selector.render()!r}): through this slice only the slice's own "
-        "finalizers may still be removed",
+        f'{ctx.api.resource} "{ctx.api.name}" is leaving the slice {member.id} (its labels '
+        f"stopped satisfying {member.selector.render()!r}; a leave, once seen, completes): "
+        "through this slice only the slice's own finalizers may still be removed",
         details={"name": ctx.api.name, "group": ctx.api.group, "kind": ctx.api.resource},
     )
 
@@ -337,9 +337,7 @@ async def serve_leaving(
         return web.Response(status=status, body=body, headers=headers)
     ops = release_patch(ctx, stored, body)
     if client_dry_run:
-        return web.Response(
-            status=status, body=as_leaving(body, since) if since else body, headers=headers
-        )
+        return web.Response(status=status, body=as_leaving(body, since), headers=headers)
     async with ctx.upstream.request(
         "PATCH",
         ctx.upstream_url,
@@ -350,7 +348,7 @@ async def serve_leaving(
         status = up.status
         body = await read_body(up)
         headers = response_headers(up)
-    if status == 200 and since:
+    if status == 200:
         body = as_leaving(body, since)
     elif status == 422:
         # The proxy's test of the resourceVersion failed: the object changed since the check.

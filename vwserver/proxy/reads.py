@@ -79,7 +79,7 @@ def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
     if not ctx.sees(head.metadata):
         return None
     since = ctx.leaving(head.metadata)
-    return as_leaving(body, since) if since else body
+    return body if since is None else as_leaving(body, since)
 
 
 def _strip_table(body: bytes) -> bytes:

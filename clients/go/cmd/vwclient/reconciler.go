@@ -8,6 +8,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,6 +37,9 @@ func runReconciler(args []string) int {
 	namespace := fs.String("namespace", "", "watch only this namespace (default: all)")
 	finalizer := fs.String("finalizer", "example.io/test-finalizer", "finalizer to add and remove")
 	phase := fs.String("status-phase", "Reconciled", "value the reconciler writes to status.phase")
+	labelSelector := fs.String("label-selector", "",
+		"the cache's own label selector for the kind (controller-runtime cache.ByObject Label; "+
+			"its informer lists and watches with labelSelector=...)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -58,14 +62,23 @@ func runReconciler(args []string) int {
 		HealthProbeBindAddress: "0",
 	}
 	if *namespace != "" {
-		opts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{*namespace: {}}}
+		opts.Cache.DefaultNamespaces = map[string]cache.Config{*namespace: {}}
+	}
+	r := &reconciler{gvk: gvk, finalizer: *finalizer, phase: *phase, out: out}
+	if *labelSelector != "" {
+		selector, err := labels.Parse(*labelSelector)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "vwclient reconciler: --label-selector: %v\n", err)
+			return 2
+		}
+		opts.Cache.ByObject = map[client.Object]cache.ByObject{r.newObject(): {Label: selector}}
 	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vwclient reconciler: manager: %v\n", err)
 		return 1
 	}
-	r := &reconciler{client: mgr.GetClient(), gvk: gvk, finalizer: *finalizer, phase: *phase, out: out}
+	r.client = mgr.GetClient()
 	skip := true
 	err = ctrl.NewControllerManagedBy(mgr).
 		For(r.newObject()).
