@@ -452,8 +452,10 @@ def test_a_holding_slice_never_sees_its_object_outside_its_selector_without_a_de
                 continue
             plan = plan_write(
                 view,
+                stored_labels=meta_now.labels,
                 stored_annotations=meta_now.annotations,
                 stored_finalizers=meta_now.finalizers,
+                result_labels=meta_now.labels,
                 result_finalizers=[*finalizers, f"{arg}/f"],
                 record=True,
             )
@@ -466,8 +468,10 @@ def test_a_holding_slice_never_sees_its_object_outside_its_selector_without_a_de
             rest = [f for f in finalizers if f != f"{arg}/f"]
             plan = plan_write(
                 view,
+                stored_labels=meta_now.labels,
                 stored_annotations=meta_now.annotations,
                 stored_finalizers=meta_now.finalizers,
+                result_labels=meta_now.labels,
                 result_finalizers=rest,
                 record=False,
             )

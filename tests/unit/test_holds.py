@@ -452,8 +452,10 @@ def test_an_object_moved_back_before_the_release_is_still_being_deleted() -> Non
     # A released (its finalizer and entry gone): the object is A's again, not leaving
     released = plan_write(
         member("ws/a"),
+        stored_labels=back,
         stored_annotations=leaving,
         stored_finalizers=["f"],
+        result_labels=back,
         result_finalizers=[],
         record=False,
     )
@@ -484,8 +486,10 @@ def test_leaving_labels_survive_every_rewrite_of_the_annotation() -> None:
     assert effective_holds(annotations, ["f"])["ws/a"].leavingLabels == {"region": "a"}
     plan = plan_write(
         member("ws/a"),
+        stored_labels={"region": "b"},
         stored_annotations=annotations,
         stored_finalizers=["f", "g"],
+        result_labels={"region": "b"},
         result_finalizers=["f"],
         record=False,
     )
