@@ -24,13 +24,14 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.integration.conftest import SLICE_CLUSTER
 from tests.integration.test_auth import Env, proxy_env
 from tests.security.support import LogCapture, env_int, status_problem
 from tests.security.test_hostile_clients import Answer, read_answer
+from tests.support.properties import bounded_settings
 from vwserver.auth.certs import identity_from_peercert
 from vwserver.auth.guard import AuthMode
 
@@ -279,14 +280,7 @@ async def test_random_header_bytes_are_answered_with_a_status_and_never_logged(
             if problem:
                 failures.append(f"{name}: {value!r}: {problem}")
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            phases=(Phase.explicit, Phase.generate),
-            suppress_health_check=list(HealthCheck),
-        )
+        @bounded_settings(EXAMPLES)
         @given(NAMES, VALUES)
         @example("Authorization", b"\xff\xfe")
         @example("Accept", b"application/json\xff")

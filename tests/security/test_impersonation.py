@@ -18,11 +18,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.integration.test_auth import ALICE, Env, proxy_env, status_of
 from tests.security.support import env_int
+from tests.support.properties import bounded_settings
 from vwserver.auth.guard import AuthMode
 from vwserver.errors import Forbidden
 from vwserver.proxy.request_headers import refuse_impersonation
@@ -148,14 +149,7 @@ async def test_any_impersonation_field_is_refused_without_asking_anyone(mode: Au
             if status != 403 or not doc["message"].startswith(REFUSAL):
                 failures.append(f"{prefix + key}: {value!r} {method} {path} as {who}: {status}")
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            phases=(Phase.explicit, Phase.generate),
-            suppress_health_check=list(HealthCheck),
-        )
+        @bounded_settings(EXAMPLES)
         @given(
             PREFIXES,
             KEYS,

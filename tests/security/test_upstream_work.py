@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -41,6 +41,7 @@ from fakekcp.store import ResourceSpec
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
 from tests.security.support import env_int
+from tests.support.properties import bounded_settings
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
@@ -320,14 +321,7 @@ async def test_paged_lists_kcp_answers_are_complete_and_bounded(world: World) ->
     loop = asyncio.get_running_loop()
     ran: list[Example] = []
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=(Phase.explicit, Phase.generate),
-        suppress_health_check=list(HealthCheck),
-    )
+    @bounded_settings(EXAMPLES)
     @given(examples())
     def property_(ex: Example) -> None:
         ran.append(ex)

@@ -13,13 +13,14 @@ import uuid
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import Env, env, routes_for, widget
 from tests.integration.test_proxy_writes import send
 from tests.support.cache import cached_and_direct
+from tests.support.properties import bounded_settings
 from vwserver.errors import Invalid
 from vwserver.proxy.options import DELETE_QUERY
 from vwserver.proxy.writes import PointerError, _check_json_patch, pointer_tokens
@@ -27,13 +28,7 @@ from vwserver.proxy.writes import PointerError, _check_json_patch, pointer_token
 __all__ = ["env"]  # the fixture, imported so that pytest finds it here
 
 EXAMPLES = 60
-_SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+_SETTINGS = bounded_settings(EXAMPLES, shrink=True)
 
 # --- DeleteOptions --------------------------------------------------------------------------
 

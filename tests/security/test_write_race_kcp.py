@@ -49,13 +49,14 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
 from tests.e2e.test_proxy_kcp import Proxy, proxy
 from tests.security.support import env_int
+from tests.support.properties import bounded_settings
 
 __all__ = ["proxy"]  # the fixture, imported so that pytest finds it here
 
@@ -563,14 +564,7 @@ async def test_writes_through_the_slice_race_direct_relabels(race: Race) -> None
     loop = asyncio.get_running_loop()
     examples: list[list[Op]] = []
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=(Phase.explicit, Phase.generate),
-        suppress_health_check=list(HealthCheck),
-    )
+    @bounded_settings(EXAMPLES)
     @given(st.lists(ops(), min_size=1, max_size=4))
     @example(
         [
