@@ -65,13 +65,13 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 from msgspec.structs import replace
 
 from vwserver.clock import rfc3339
-from vwserver.errors import GCFinalizer, HeldFinalizer
+from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
 from vwserver.selector import Selector
 
 __all__ = [
@@ -427,18 +427,7 @@ def check_gc_finalizers(before: Iterable[str] | None, after: Iterable[str] | Non
         "belong to kcp's garbage collector, and a write through a slice can neither add nor "
         "remove them (a DELETE's propagationPolicy sets them)"
     )
-    raise GCFinalizer(
-        f"metadata.finalizers: {message}",
-        details={
-            "causes": [
-                {
-                    "reason": "FieldValueForbidden",
-                    "message": message,
-                    "field": "metadata.finalizers",
-                }
-            ]
-        },
-    )
+    raise _finalizers_forbidden(GCFinalizer, message)
 
 
 def guards(
@@ -486,7 +475,16 @@ def _held(finalizer: str, holder: str) -> HeldFinalizer:
         f"finalizer {finalizer!r} was added through slice {holder}, which the object is "
         "leaving: until that slice lets go, it can be removed only through that slice"
     )
-    return HeldFinalizer(
+    return _finalizers_forbidden(HeldFinalizer, message)
+
+
+_Refusal = TypeVar("_Refusal", bound=Invalid)
+
+
+def _finalizers_forbidden(error: type[_Refusal], message: str) -> _Refusal:
+    """``error`` (a 422) as the apiserver words a refused field: the field path before the
+    message, and one ``FieldValueForbidden`` cause naming ``metadata.finalizers``."""
+    return error(
         f"metadata.finalizers: {message}",
         details={
             "causes": [
