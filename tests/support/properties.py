@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, Phase, settings
 
 def bounded_settings(examples: int, *, shrink: bool = False) -> settings:
     """Settings for ``examples`` derandomized examples; explicit ``@example``s run first."""
-    return settings(
+    base = settings(
         max_examples=examples,
         deadline=None,
         derandomize=True,
         database=None,
-        phases=settings.default.phases if shrink else (Phase.explicit, Phase.generate),
         suppress_health_check=list(HealthCheck),
     )
+    return base if shrink else settings(base, phases=(Phase.explicit, Phase.generate))
