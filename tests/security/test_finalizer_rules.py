@@ -25,12 +25,15 @@ relabel while removing), scans with hold timeouts, the escape hatch and a real d
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.holds_model import HeldObject, slice_members
 from vwserver.controller.handoff import decide
 from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
 from vwserver.holds import (
@@ -40,14 +43,11 @@ from vwserver.holds import (
     HOLDS_ANNOTATION,
     ORPHAN_FINALIZER,
     RELEASE_ANNOTATION,
-    Member,
     effective_holds,
     hidden_by_relabel,
-    leaving_since,
     parse_holds,
     plan_write,
     releasable,
-    sees,
 )
 from vwserver.selector import Selector
 
@@ -64,42 +64,14 @@ WRITTEN = [*NAMES, *GC_FINALIZERS]
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def member(sid: str) -> Member:
-    return Member(selector=SELECTORS[sid], id=sid, peers=SELECTORS.get)
+member = slice_members(SELECTORS)
 
 
 @dataclass
-class Obj:
-    labels: dict[str, str]
-    annotations: dict[str, str] = field(default_factory=dict)
-    finalizers: list[str] = field(default_factory=list)
+class Obj(HeldObject):
+    selectors: ClassVar[Mapping[str, Selector]] = SELECTORS
     deleted: bool = False
     minutes: int = 0
-
-    def sees(self, sid: str) -> bool:
-        return sees(
-            member(sid),
-            labels=self.labels,
-            annotations=self.annotations,
-            finalizers=self.finalizers,
-        )
-
-    def leaving(self, sid: str) -> bool:
-        return (
-            leaving_since(
-                member(sid),
-                labels=self.labels,
-                annotations=self.annotations,
-                finalizers=self.finalizers,
-            )
-            is not None
-        )
-
-    def set_holds(self, value: str | None) -> None:
-        if value is None:
-            self.annotations.pop(HOLDS_ANNOTATION, None)
-        else:
-            self.annotations[HOLDS_ANNOTATION] = value
 
     def leaving_holders(self) -> dict[str, tuple[str, ...]]:
         """Ground truth of rule 2: the holders the object is leaving (their selector no longer
@@ -211,13 +183,7 @@ def scan(obj: Obj, minutes: int) -> None:
         timeout_of=lambda _sid: DEFAULT_HOLD_TIMEOUT_SECONDS,
         now=NOW + timedelta(minutes=obj.minutes),
     )
-    if decision is None:
-        return
-    if decision.finalizers is not None:
-        obj.finalizers = decision.finalizers
-    obj.set_holds(decision.holds)
-    if decision.remove_release:
-        obj.annotations.pop(RELEASE_ANNOTATION, None)
+    obj.apply(decision)
 
 
 def check(obj: Obj) -> None:

@@ -25,9 +25,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.holds_model import slice_members
 from vwserver.cache.entries import entry
 from vwserver.cache.views import ClientFilter, accepts, leaving, visible
-from vwserver.holds import HOLDS_ANNOTATION, Member, as_leaving, leaving_safe
+from vwserver.holds import HOLDS_ANNOTATION, as_leaving, leaving_safe
 from vwserver.proxy.filtering import decode_page
 from vwserver.selector import Selector
 
@@ -47,8 +48,7 @@ CLIENTS = [
 ]
 
 
-def member(sid: str) -> Member:
-    return Member(selector=SELECTORS[sid], id=sid, peers=SELECTORS.get)
+member = slice_members(SELECTORS)
 
 
 def item(labels: dict[str, str], holds: dict[str, Any] | None, finalizers: list[str]) -> bytes:

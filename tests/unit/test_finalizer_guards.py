@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.holds_model import slice_members
 from vwserver.errors import HeldFinalizer
 from vwserver.holds import (
     HOLDS_ANNOTATION,
-    Member,
     hidden_by_relabel,
     parse_holds,
     plan_write,
@@ -42,8 +42,7 @@ B_FIN = "b.example/cleanup"
 SINCE = "2026-12-01T12:00:00Z"
 
 
-def member(sid: str) -> Member:
-    return Member(selector=SELECTORS[sid], id=sid, peers=SELECTORS.get)
+member = slice_members(SELECTORS)
 
 
 def holds(**entries: Any) -> dict[str, str]:

@@ -25,13 +25,16 @@ checks after every step:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.holds_model import HeldObject, slice_members
 from vwserver.controller.handoff import decide, patch_for
 from vwserver.errors import HeldFinalizer
 from vwserver.holds import (
@@ -61,15 +64,12 @@ DISJOINT = [("ws/a", "ws/b"), ("ws/a", "ws/c"), ("ws/b", "ws/c"), ("ws/ab", "ws/
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def member(sid: str) -> Member:
-    return Member(selector=SELECTORS[sid], id=sid, peers=SELECTORS.get)
+member = slice_members(SELECTORS)
 
 
 @dataclass
-class Obj:
-    labels: dict[str, str]
-    annotations: dict[str, str] = field(default_factory=dict)
-    finalizers: list[str] = field(default_factory=list)
+class Obj(HeldObject):
+    selectors: ClassVar[Mapping[str, Selector]] = SELECTORS
     adder: dict[str, str] = field(default_factory=dict)
     """Ground truth: which slice added each finalizer (through the proxy)."""
     history: list[dict[str, str]] = field(default_factory=list)
@@ -80,28 +80,6 @@ class Obj:
             if selector.matches(labels):
                 return labels
         return None
-
-    def sees(self, sid: str) -> bool:
-        return sees(
-            member(sid),
-            labels=self.labels,
-            annotations=self.annotations,
-            finalizers=self.finalizers,
-        )
-
-    def leaving(self, sid: str) -> str | None:
-        return leaving_since(
-            member(sid),
-            labels=self.labels,
-            annotations=self.annotations,
-            finalizers=self.finalizers,
-        )
-
-    def set_holds(self, value: str | None) -> None:
-        if value is None:
-            self.annotations.pop(HOLDS_ANNOTATION, None)
-        else:
-            self.annotations[HOLDS_ANNOTATION] = value
 
 
 slices = st.sampled_from(sorted(SELECTORS))
@@ -121,7 +99,7 @@ def _write_through(obj: Obj, sid: str, new_finalizers: list[str]) -> bool:
     whether it was made."""
     if not obj.sees(sid):
         return False  # 404: the slice does not see the object
-    if obj.leaving(sid) is not None:
+    if obj.leaving(sid):
         if not releasable(
             member(sid),
             stored_finalizers=obj.finalizers,
@@ -178,16 +156,11 @@ def _scan(obj: Obj, minutes: int, timeouts: dict[str, float]) -> None:
         now=NOW + timedelta(minutes=minutes),
         labels_before=obj.labels_before,
     )
-    if decision is None:
-        return
-    if decision.finalizers is not None:
+    if decision is not None and decision.finalizers is not None:
         ended = {f for _, fs, _ in decision.ended for f in fs}
         for f in ended:
             obj.adder.pop(f, None)  # the escape hatch (release annotation or timeout)
-        obj.finalizers = decision.finalizers
-    obj.set_holds(decision.holds)
-    if decision.remove_release:
-        obj.annotations.pop(RELEASE_ANNOTATION, None)
+    obj.apply(decision)
 
 
 def _check(obj: Obj, recorded: dict[str, str]) -> None:
@@ -200,13 +173,13 @@ def _check(obj: Obj, recorded: dict[str, str]) -> None:
         assert obj.sees(sid), f"{sid} holds {hold} but does not see the object"
         for f in hold.finalizers:
             assert obj.adder.get(f) == sid
-    leavers = {sid for sid, hold in holds.items() if obj.leaving(sid) is not None}
+    leavers = {sid for sid, hold in holds.items() if obj.leaving(sid)}
     for sid, selector in SELECTORS.items():
         hold = holds.get(sid)
         expected = hold is not None and (
             bool(hold.leavingSince) or not selector.matches(obj.labels)
         )
-        since = obj.leaving(sid)
+        since = obj.leaving_since(sid)
         assert (since is not None) == expected
         # monotonic: a recorded leave stays while the hold lasts, with the same time
         if sid in recorded and hold is not None:
