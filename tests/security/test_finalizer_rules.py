@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from tests.support.holds_model import HeldObject, slice_members
 from vwserver.controller.handoff import decide
-from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
+from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid, LeavingSlice
 from vwserver.holds import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
     FOREGROUND_FINALIZER,
@@ -46,8 +46,6 @@ from vwserver.holds import (
     effective_holds,
     hidden_by_relabel,
     parse_holds,
-    plan_write,
-    releasable,
 )
 from vwserver.selector import Selector
 
@@ -92,28 +90,11 @@ def attempt(
     garbage-collector finalizers) refusing it — also the 422 for a write that would hide the
     object from ``sid`` by its relabel. Nothing is changed."""
     assert obj.sees(sid)
-    if obj.leaving(sid):
-        if labels is not None or not releasable(
-            member(sid),
-            stored_finalizers=obj.finalizers,
-            result_finalizers=after,
-            annotations=obj.annotations,
-        ):
-            return HeldFinalizer("409: the object is leaving the slice")
-        record = False
-    else:
-        record = True
     result_labels = labels if labels is not None else obj.labels
     try:
-        value = plan_write(
-            member(sid),
-            stored_labels=obj.labels,
-            stored_annotations=obj.annotations,
-            stored_finalizers=obj.finalizers,
-            result_labels=result_labels,
-            result_finalizers=after,
-            record=record,
-        ).annotation
+        value = obj.plan(sid, after, labels=labels).annotation
+    except LeavingSlice:
+        return HeldFinalizer("409: the object is leaving the slice")
     except (HeldFinalizer, GCFinalizer) as e:
         return e
     annotations = {**obj.annotations}

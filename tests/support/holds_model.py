@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from vwserver.controller.handoff import Decision
-from vwserver.holds import HOLDS_ANNOTATION, RELEASE_ANNOTATION, Member, leaving_since, sees
+from vwserver.errors import LeavingSlice
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    RELEASE_ANNOTATION,
+    Member,
+    WritePlan,
+    leaving_since,
+    plan_write,
+    releasable,
+    sees,
+)
 from vwserver.selector import Selector
 
 
@@ -62,6 +72,35 @@ class HeldObject:
             self.annotations.pop(HOLDS_ANNOTATION, None)
         else:
             self.annotations[HOLDS_ANNOTATION] = value
+
+    def plan(
+        self, sid: str, after: list[str], *, labels: dict[str, str] | None = None
+    ) -> WritePlan:
+        """The proxy's plan for a write through ``sid`` of the finalizers ``after`` (and of
+        ``labels``; None: unchanged). On an object leaving ``sid`` only a release is let through
+        (:func:`releasable`, no relabel; else :class:`LeavingSlice`, the 409), and it records
+        nothing; otherwise :func:`plan_write` decides (its refusal raised), recording what the
+        write adds. Nothing is changed."""
+        leaving = self.leaving(sid)
+        if leaving and (
+            labels is not None
+            or not releasable(
+                self.member(sid),
+                stored_finalizers=self.finalizers,
+                result_finalizers=after,
+                annotations=self.annotations,
+            )
+        ):
+            raise LeavingSlice(f"the object is leaving the slice {sid}")
+        return plan_write(
+            self.member(sid),
+            stored_labels=self.labels,
+            stored_annotations=self.annotations,
+            stored_finalizers=self.finalizers,
+            result_labels=labels if labels is not None else self.labels,
+            result_finalizers=after,
+            record=not leaving,
+        )
 
     def apply(self, decision: Decision | None) -> None:
         """The handoff loop's write of its ``decision`` (None: nothing to write)."""

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from tests.support.holds_model import HeldObject, slice_members
 from vwserver.controller.handoff import decide, patch_for
-from vwserver.errors import HeldFinalizer
+from vwserver.errors import HeldFinalizer, LeavingSlice
 from vwserver.holds import (
     HOLDS_ANNOTATION,
     RELEASE_ANNOTATION,
@@ -48,7 +48,6 @@ from vwserver.holds import (
     leaving_since,
     parse_holds,
     plan_write,
-    releasable,
     render_holds,
     sees,
 )
@@ -99,36 +98,14 @@ def _write_through(obj: Obj, sid: str, new_finalizers: list[str]) -> bool:
     whether it was made."""
     if not obj.sees(sid):
         return False  # 404: the slice does not see the object
-    if obj.leaving(sid):
-        if not releasable(
-            member(sid),
-            stored_finalizers=obj.finalizers,
-            result_finalizers=new_finalizers,
-            annotations=obj.annotations,
-        ):
-            return False  # 409: the object is leaving the slice
-        plan = plan_write(
-            member(sid),
-            stored_labels=obj.labels,
-            stored_annotations=obj.annotations,
-            stored_finalizers=obj.finalizers,
-            result_labels=obj.labels,
-            result_finalizers=new_finalizers,
-            record=False,
-        )
-    else:
-        try:
-            plan = plan_write(
-                member(sid),
-                stored_labels=obj.labels,
-                stored_annotations=obj.annotations,
-                stored_finalizers=obj.finalizers,
-                result_labels=obj.labels,
-                result_finalizers=new_finalizers,
-                record=True,
-            )
-        except HeldFinalizer:
-            return False
+    try:
+        plan = obj.plan(sid, new_finalizers)
+    except LeavingSlice:
+        return False  # 409: the object is leaving the slice
+    except HeldFinalizer:
+        if obj.leaving(sid):
+            raise  # a release is never refused
+        return False
     recorded = parse_holds(obj.annotations.get(HOLDS_ANNOTATION))
     for f in obj.finalizers:
         if f not in new_finalizers and f in obj.adder:
