@@ -8,7 +8,6 @@ Guard whose TokenReviews and SubjectAccessReviews go to kcp).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 import uuid
@@ -19,7 +18,7 @@ import pytest
 from tests.e2e.test_auth_kcp import SLICE_A, Secured, secured  # noqa: F401 (the fixture)
 from tests.security.support import LogCapture
 from tests.security.test_header_bytes import UNAUTHORIZED, judge
-from tests.security.test_hostile_clients import Answer, read_answer
+from tests.support.raw_http import Answer, answer_to
 
 pytestmark = pytest.mark.e2e
 
@@ -29,18 +28,9 @@ TIMEOUT = 30.0
 async def exchange(url: str, ctx: ssl.SSLContext, *fields: bytes) -> Answer:
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None
-    reader, writer = await asyncio.open_connection(
-        parts.hostname, parts.port, ssl=ctx, server_hostname=parts.hostname
-    )
-    try:
-        head = [f"GET {parts.path} HTTP/1.1".encode(), f"Host: {parts.netloc}".encode(), *fields]
-        writer.write(b"\r\n".join([*head, b"Connection: close", b"", b""]))
-        await writer.drain()
-        answer = await asyncio.wait_for(read_answer(reader), TIMEOUT)
-    finally:
-        writer.close()
-    assert answer is not None, url
-    return answer
+    head = [f"GET {parts.path} HTTP/1.1".encode(), f"Host: {parts.netloc}".encode(), *fields]
+    raw = b"\r\n".join([*head, b"Connection: close", b"", b""])
+    return await answer_to(parts.hostname, parts.port, raw, timeout=TIMEOUT, tls=ctx)
 
 
 @pytest.mark.parametrize(

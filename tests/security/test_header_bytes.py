@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from tests.integration.conftest import SLICE_CLUSTER
 from tests.integration.test_auth import Env, proxy_env
 from tests.security.support import LogCapture, env_int, status_problem
-from tests.security.test_hostile_clients import Answer, read_answer
 from tests.support.properties import bounded_settings
+from tests.support.raw_http import Answer, answer_to
 from vwserver.auth.certs import identity_from_peercert
 from vwserver.auth.guard import AuthMode
 
@@ -88,15 +88,7 @@ def request(method: str, *fields: bytes, body: bytes = b"") -> bytes:
 
 async def exchange(env: Env, raw: bytes) -> Answer:
     host, _, port = env.base.removeprefix("http://").rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        writer.write(raw)
-        await writer.drain()
-        answer = await asyncio.wait_for(read_answer(reader), 10)
-    finally:
-        writer.close()
-    assert answer is not None, f"no answer to {raw!r}"
-    return answer
+    return await answer_to(host, int(port), raw, timeout=10)
 
 
 def judge(logs: LogCapture, *, since: int, secret: bytes) -> None:

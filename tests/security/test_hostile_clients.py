@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 import time
@@ -28,6 +27,7 @@ import uvloop
 
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
+from tests.support.raw_http import Answer, read_answer
 from tests.support.serve import NO_AUTH
 from tests.unit.test_bodies import BILLION_LAUGHS
 from vwserver.k8s.kubeconfig import ClientAuth
@@ -111,34 +111,6 @@ async def target(
         ) as site:
             host, port = site.address
             yield Target(host, port, app[METRICS_KEY], client_ctx)
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def status_doc(self) -> dict[str, Any]:
-        assert self.headers.get("content-type", "").startswith("application/json"), self
-        doc = json.loads(self.body)
-        assert (doc["kind"], doc["status"], doc["code"]) == ("Status", "Failure", self.status)
-        return doc
-
-
-async def read_answer(reader: asyncio.StreamReader) -> Answer | None:
-    """One HTTP/1.1 response, or None if the server closed the connection without one."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {
-        k.strip().lower(): v.strip()
-        for k, _, v in (line.partition(":") for line in lines[1:] if line)
-    }
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return Answer(int(lines[0].split()[1]), headers, body)
 
 
 async def exchange(t: Target, raw: bytes, *, local: str = ATTACKER) -> Answer | None:

@@ -30,8 +30,9 @@ from devenv.kcp import free_ports
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
 from tests.integration.test_auth import fake_kcp
+from tests.integration.test_shutdown import config_doc
 from tests.integration.test_syncer_health import State
-from tests.security.test_hostile_clients import Answer, read_answer
+from tests.support.raw_http import Answer, answer_to
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
@@ -53,15 +54,7 @@ WIDGETS = (
 
 
 async def raw(port: int, head: bytes) -> Answer:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head)
-        await writer.drain()
-        answer = await asyncio.wait_for(read_answer(reader), TIMEOUT)
-    finally:
-        writer.close()
-    assert answer is not None, head
-    return answer
+    return await answer_to("127.0.0.1", port, head, timeout=TIMEOUT)
 
 
 def get(path: str, *fields: str) -> bytes:
@@ -86,23 +79,8 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     port, health_port = free_ports(2)
     async with start_fake_upstream(fake) as (_, vw_url):
         origin = vw_url.removesuffix(fake.base_path)
-        config = parse_config(
-            {
-                "listen": {"host": "127.0.0.1", "port": port},
-                "health": {"host": "127.0.0.1", "port": health_port},
-                "insecureServing": True,
-                "upstream": {"server": origin, "token": PROXY_TOKEN},
-                "slices": [
-                    {
-                        "cluster": SLICE_CLUSTER,
-                        "name": "prod",
-                        "export": {"cluster": fake.export_cluster, "name": fake.export_name},
-                        "selector": {"matchLabels": {"env": "prod"}},
-                    }
-                ],
-            },
-            base_dir=tmp_path,
-        )
+        health = {"host": "127.0.0.1", "port": health_port}
+        config = parse_config(config_doc(fake, origin, port, health=health), base_dir=tmp_path)
         stop = asyncio.Event()
         server = asyncio.create_task(serve(config, base_dir=tmp_path, stop=stop))
         try:
