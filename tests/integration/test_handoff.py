@@ -15,11 +15,10 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, widget
-from tests.support.serve import NO_AUTH, serve_app
+from tests.support.cache import CachedProxy, cached_proxy
 from vwserver.cache.registry import CacheRegistry
-from vwserver.clock import SystemClock
 from vwserver.controller.handoff import Handoff
 from vwserver.holds import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
@@ -27,13 +26,9 @@ from vwserver.holds import (
     RELEASE_ANNOTATION,
     effective_holds,
 )
-from vwserver.k8s.client import KubeClient
-from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
-from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
-from vwserver.server import build_app
 
 WAIT = 10.0
 FIN_A = "a.example.io/cleanup"
@@ -44,14 +39,9 @@ T = TypeVar("T")
 
 
 @dataclass
-class World:
-    fake: FakeUpstream
-    base: str
-    session: aiohttp.ClientSession
-    metrics: ServerMetrics
-    upstream: str
-    """The fake's virtual-workspace URL (a consumer's own requests go there directly)."""
+class World(CachedProxy):
     handoff: Handoff
+    """The handoff loop the app runs (the fixture makes it: its scan interval is the parameter)."""
 
     def url(self, slice_name: str, name: str | None = None, *, cluster: str = "c1") -> str:
         prefix = f"{self.base}/services/filtered-apiexport/{SLICE_CLUSTER}/{slice_name}"
@@ -133,38 +123,27 @@ def routes(vw_url: str, *, timeout: float | None = None) -> RouteTable:
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
     """(hold timeout of slice a, handoff scan interval) as the parameter."""
     timeout, interval = request.param
-    async with start_fake_upstream(FakeUpstream(bookmark_interval=0.2)) as (fake, vw_url):
-        fake.bind(cluster="c1")
-        origin = vw_url.removesuffix(fake.base_path)
-        auth = ClientAuth(server=origin, token=PROXY_TOKEN)
-        async with KubeClient(auth=auth) as client:
-            metrics = ServerMetrics()
-            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
-            table = Routes(routes(vw_url, timeout=timeout))
-            handoff = Handoff(
-                registry=registry,
-                routes=table,
-                clock=registry.clock,
-                interval=interval,
-                stuck_after=1.0,
-                metrics=metrics,
-            )
-            app = build_app(
-                routes=table,
-                upstream=UpstreamClient(auth=auth),
-                guard=NO_AUTH,
-                cache=registry,
-                metrics=metrics,
-                handoff=handoff,
-            )
-            try:
-                async with (
-                    serve_app(app) as base,
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as session,
-                ):
-                    yield World(fake, base, session, metrics, vw_url, handoff)
-            finally:
-                await registry.aclose()
+
+    def handoff(registry: CacheRegistry, table: Routes, metrics: ServerMetrics) -> Handoff:
+        return Handoff(
+            registry=registry,
+            routes=table,
+            clock=registry.clock,
+            interval=interval,
+            stuck_after=1.0,
+            metrics=metrics,
+        )
+
+    async with cached_proxy(
+        FakeUpstream(bookmark_interval=0.2),
+        routes=lambda vw_url: routes(vw_url, timeout=timeout),
+        token=PROXY_TOKEN,
+        within=WAIT,
+        seed=lambda fake: fake.bind(cluster="c1"),
+        handoff=handoff,
+        world=World,
+    ) as world:
+        yield world
 
 
 async def held_by_a(world: World, name: str) -> dict[str, Any]:

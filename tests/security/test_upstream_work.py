@@ -41,14 +41,11 @@ from fakekcp.store import ResourceSpec
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
 from tests.security.support import env_int
+from tests.support.cache import CachedProxy, cached_proxy
 from tests.support.properties import bounded_settings
 from tests.support.serve import NO_AUTH, serve_app
-from vwserver.cache.registry import CacheRegistry
-from vwserver.clock import SystemClock
 from vwserver.holds import HOLDS_ANNOTATION, Member, sees, slice_id
-from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.metrics import ServerMetrics
 from vwserver.proxy.lists import MAX_UPSTREAM_PAGES
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
@@ -152,11 +149,7 @@ def examples(draw: st.DrawFn) -> Example:
 
 
 @dataclass
-class World:
-    fake: FakeUpstream
-    base: str
-    session: aiohttp.ClientSession
-    metrics: ServerMetrics
+class World(CachedProxy):
     page_size: int
     examples: itertools.count[int]
 
@@ -175,39 +168,32 @@ class World:
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
     """Slices ``a`` and ``b`` served from a shared cache (so that they record holds) over the
     fake upstream, with a small list page size (the parameter)."""
-    async with start_fake_upstream(FakeUpstream(bookmark_interval=0.2)) as (fake, vw_url):
+
+    def seed(fake: FakeUpstream) -> None:
         for cluster in CLUSTERS:
             fake.bind(cluster=cluster)
-        origin = vw_url.removesuffix(fake.base_path)
-        auth = ClientAuth(server=origin, token=PROXY_TOKEN)
-        async with KubeClient(auth=auth) as client:
-            metrics = ServerMetrics()
-            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
-            routes = RouteTable(
-                Route(
-                    cluster=SLICE_CLUSTER,
-                    name=name,
-                    selector=Selector.parse(selector),
-                    upstream_url=vw_url,
-                )
-                for name, selector in SLICES.items()
+
+    def routes(vw_url: str) -> RouteTable:
+        return RouteTable(
+            Route(
+                cluster=SLICE_CLUSTER,
+                name=name,
+                selector=Selector.parse(selector),
+                upstream_url=vw_url,
             )
-            app = build_app(
-                routes=Routes(routes),
-                upstream=UpstreamClient(auth=auth),
-                guard=NO_AUTH,
-                cache=registry,
-                metrics=metrics,
-                page_size=request.param,
-            )
-            try:
-                async with (
-                    serve_app(app) as base,
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-                ):
-                    yield World(fake, base, session, metrics, request.param, itertools.count())
-            finally:
-                await registry.aclose()
+            for name, selector in SLICES.items()
+        )
+
+    async with cached_proxy(
+        FakeUpstream(bookmark_interval=0.2),
+        routes=routes,
+        token=PROXY_TOKEN,
+        within=30,
+        seed=seed,
+        page_size=request.param,
+        world=lambda **parts: World(**parts, page_size=request.param, examples=itertools.count()),
+    ) as world:
+        yield world
 
 
 _SELECTORS = {f"{SLICE_CLUSTER}/{name}": Selector.parse(s) for name, s in SLICES.items()}

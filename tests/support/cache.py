@@ -4,7 +4,7 @@ The cache falls back to kcp whenever it cannot answer exactly, and both paths an
 so a test that means the cache says so with vwserver's own count of the reads it took
 (``vwserver_cache_reads_total{verb,outcome}``). :func:`cached_and_direct` serves the same slices
 twice in front of one fake upstream — reads from the cache, and reads passed to the upstream —
-for tests that compare the two.
+for tests that compare the two; :func:`cached_proxy` serves them once, with the cache.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -20,6 +21,7 @@ from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import Clock, SystemClock
+from vwserver.controller.handoff import Handoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.metrics import ServerMetrics
@@ -114,5 +116,75 @@ async def cached_and_direct(
                     aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
                 ):
                     yield CachedAndDirect(fake, cached, direct, session, registry, cached_health)
+            finally:
+                await registry.aclose()
+
+
+@dataclass
+class CachedProxy:
+    fake: FakeUpstream
+    upstream: str
+    """The fake's virtual-workspace URL (a consumer's own requests go there directly)."""
+    base: str
+    """The server, which reads from the shared cache."""
+    session: aiohttp.ClientSession
+    metrics: ServerMetrics
+    """Where the server counts (its ``/metrics``)."""
+    handoff: Handoff | None
+    """The handoff loop the app runs, when the test made it (else the app's default one)."""
+
+
+_Proxy = TypeVar("_Proxy", bound=CachedProxy)
+
+
+@contextlib.asynccontextmanager
+async def cached_proxy(
+    upstream: FakeUpstream,
+    *,
+    routes: Callable[[str], RouteTable],
+    token: str,
+    within: float,
+    seed: Callable[[FakeUpstream], object] = lambda _: None,
+    page_size: int | None = None,
+    handoff: Callable[[CacheRegistry, Routes, ServerMetrics], Handoff] | None = None,
+    world: Callable[..., _Proxy],
+) -> AsyncIterator[_Proxy]:
+    """``upstream`` started and ``seed``-ed, and one server of ``routes(<its URL>)`` in front
+    of it with the shared watch cache (vwserver's identity: ``token``; ``page_size``: the
+    upstream list pages, None: the server's default; ``handoff``: the handoff loop it runs,
+    None: the default one). Yields ``world(**parts)`` of :class:`CachedProxy`'s fields (the
+    class, or a test's subclass of it). ``within``: the session's timeout."""
+    async with start_fake_upstream(upstream) as (fake, vw_url):
+        seed(fake)
+        origin = vw_url.removesuffix(fake.base_path)
+        auth = ClientAuth(server=origin, token=token)
+        async with KubeClient(auth=auth) as client:
+            metrics = ServerMetrics()
+            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
+            table = Routes(routes(vw_url))
+            loop = handoff(registry, table, metrics) if handoff is not None else None
+            paging: dict[str, Any] = {} if page_size is None else {"page_size": page_size}
+            app = build_app(
+                routes=table,
+                upstream=UpstreamClient(auth=auth),
+                guard=NO_AUTH,
+                cache=registry,
+                metrics=metrics,
+                handoff=loop,
+                **paging,
+            )
+            try:
+                async with (
+                    serve_app(app) as base,
+                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
+                ):
+                    yield world(
+                        fake=fake,
+                        upstream=vw_url,
+                        base=base,
+                        session=session,
+                        metrics=metrics,
+                        handoff=loop,
+                    )
             finally:
                 await registry.aclose()
