@@ -15,9 +15,9 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import pytest
@@ -81,6 +81,42 @@ def _names(doc: dict[str, Any]) -> list[str]:
     return [item["metadata"]["name"] for item in doc["items"]]
 
 
+class _Page(NamedTuple):
+    names: list[str]
+    cost: float
+    """kcp's LISTs for this page (vwserver's own count)."""
+    token: str
+    """The page's continue token ("" on the last page)."""
+
+
+def _resumed(query: dict[str, str], token: str) -> dict[str, str]:
+    return {**query, "continue": token} if token else query
+
+
+async def _pages(
+    client: aiohttp.ClientSession,
+    base: str,
+    url: str,
+    params: Callable[[str], dict[str, str]],
+    *,
+    headers: dict[str, str] | None = None,
+) -> list[_Page]:
+    """Every page of the list at ``url`` through vwserver at ``base`` (``params(token)``: the
+    query after the continue token ``token``, "" first), and what each cost kcp."""
+    pages: list[_Page] = []
+    token = ""
+    while True:
+        before = await sample(client, base, UPSTREAM, method="GET")
+        async with client.get(url, params=params(token), headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            doc = await resp.json()
+        token = doc["metadata"].get("continue", "")
+        cost = await sample(client, base, UPSTREAM, method="GET") - before
+        pages.append(_Page(_names(doc), cost, token))
+        if not token:
+            return pages
+
+
 @pytest.mark.parametrize("accept", ["application/json", TABLE], ids=["objects", "table"])
 async def test_a_limit_1_list_costs_kcp_a_few_lists(
     kcp: KcpInstance, world: Bootstrap, crowd: Crowd, accept: str
@@ -92,20 +128,11 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
     ):
         url = f"{slice_url(base, world, 'a', crowd.ws.cluster)}/{API}/widgets"
         query = {"limit": "1", "fieldSelector": f"metadata.namespace={crowd.namespace}"}
-        names: list[str] = []
-        costs: list[float] = []
-        token = ""
-        while True:
-            before = await sample(client, base, UPSTREAM, method="GET")
-            params = {**query, "continue": token} if token else query
-            async with client.get(url, params=params, headers={"Accept": accept}) as resp:
-                assert resp.status == 200, await resp.text()
-                doc = await resp.json()
-            costs.append(await sample(client, base, UPSTREAM, method="GET") - before)
-            names += _names(doc)
-            token = doc["metadata"].get("continue", "")
-            if not token:
-                break
+        read = await _pages(
+            client, base, url, lambda token: _resumed(query, token), headers={"Accept": accept}
+        )
+        names = [name for page in read for name in page.names]
+        costs = [page.cost for page in read]
         print(f"limit=1 through a slice that records holds: kcp LISTs {costs} for {names}")
         assert names == ["0-first", "z-match"]
         assert max(costs) <= MAX_UPSTREAM_PAGES, costs
@@ -126,22 +153,16 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
         # size) 500, of which one fills the client's page — the proxy's continue token must
         # resume right after that one.
         other = f"{slice_url(base, world, 'b', crowd.ws.cluster)}/{API}/widgets"
-        seen: list[str] = []
-        costs.clear()
-        token = ""
-        while True:
-            params = {"limit": "400" if token else "5", "fieldSelector": query["fieldSelector"]}
-            if token:
-                params["continue"] = token
-            before = await sample(client, base, UPSTREAM, method="GET")
-            async with client.get(other, params=params, headers={"Accept": accept}) as resp:
-                assert resp.status == 200, await resp.text()
-                doc = await resp.json()
-            costs.append(await sample(client, base, UPSTREAM, method="GET") - before)
-            seen += _names(doc)
-            token = doc["metadata"].get("continue", "")
-            if not token:
-                break
+        fields = {"fieldSelector": query["fieldSelector"]}
+        read = await _pages(
+            client,
+            base,
+            other,
+            lambda token: _resumed({"limit": "400" if token else "5", **fields}, token),
+            headers={"Accept": accept},
+        )
+        seen = [name for page in read for name in page.names]
+        costs = [page.cost for page in read]
         print(f"limit=5, then 400 through the other slice: kcp LISTs {costs}")
         assert seen == [f"a-{i:04d}" for i in range(OTHERS)]
         # the first page: kcp's page of 5, the page of 500 it filled up in, and that page's
@@ -165,19 +186,7 @@ async def test_a_short_page_ends_on_its_own_last_object(
     ):
         url = f"{slice_url(base, world, 'a', crowd.ws.cluster)}/{API}/widgets"
         query = {"limit": "2", "fieldSelector": f"metadata.namespace={crowd.namespace}"}
-        pages: list[tuple[list[str], float, str]] = []
-        token = ""
-        while True:
-            before = await sample(client, base, UPSTREAM, method="GET")
-            params = {**query, "continue": token} if token else query
-            async with client.get(url, params=params) as resp:
-                assert resp.status == 200, await resp.text()
-                doc = await resp.json()
-            token = doc["metadata"].get("continue", "")
-            cost = await sample(client, base, UPSTREAM, method="GET") - before
-            pages.append((_names(doc), cost, token))
-            if not token:
-                break
+        pages = await _pages(client, base, url, lambda token: _resumed(query, token))
         print(f"limit=2, page size {page_size}: {[(names, cost) for names, cost, _ in pages]}")
         assert [names for names, _, _ in pages] == [["0-first"], ["z-match"]], pages
         first_token = pages[0][2]
