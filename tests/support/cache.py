@@ -63,6 +63,43 @@ async def until_counted(
 
 
 @dataclass
+class _Upstream:
+    fake: FakeUpstream
+    vw_url: str
+    auth: ClientAuth
+    """vwserver's identity at the fake."""
+    registry: CacheRegistry
+    metrics: ServerMetrics
+    """Where the cache counts (and the server with it)."""
+
+
+@contextlib.asynccontextmanager
+async def _cached_upstream(
+    upstream: FakeUpstream,
+    *,
+    token: str,
+    seed: Callable[[FakeUpstream], object],
+    clock: Clock | None = None,
+    **cache: Any,
+) -> AsyncIterator[_Upstream]:
+    """``upstream`` started and ``seed``-ed, and a shared watch cache reading it as vwserver
+    (``token``; ``clock``, ``cache``: the registry's options), closed at the end."""
+    async with start_fake_upstream(upstream) as (fake, vw_url):
+        seed(fake)
+        origin = vw_url.removesuffix(fake.base_path)
+        auth = ClientAuth(server=origin, token=token)
+        async with KubeClient(auth=auth) as client:
+            metrics = ServerMetrics()
+            registry = CacheRegistry(
+                client=client, clock=clock or SystemClock(), metrics=metrics, **cache
+            )
+            try:
+                yield _Upstream(fake, vw_url, auth, registry, metrics)
+            finally:
+                await registry.aclose()
+
+
+@dataclass
 class CachedAndDirect:
     fake: FakeUpstream
     cached: str
@@ -88,36 +125,27 @@ async def cached_and_direct(
     """``upstream`` started and ``seed``-ed, and two servers of ``routes(<its URL>)`` in front
     of it (vwserver's identity: ``token``; lists paged upstream two by two); the cache reads
     with ``clock``. ``within``: the session's timeout."""
-    async with start_fake_upstream(upstream) as (fake, vw_url):
-        seed(fake)
-        origin = vw_url.removesuffix(fake.base_path)
-        auth = ClientAuth(server=origin, token=token)
-        async with KubeClient(auth=auth) as client:
-            metrics = ServerMetrics()
-            registry = CacheRegistry(
-                client=client, clock=clock or SystemClock(), idle_seconds=60, metrics=metrics
+    async with _cached_upstream(
+        upstream, token=token, seed=seed, clock=clock, idle_seconds=60
+    ) as up:
+        apps = [
+            build_app(
+                routes=Routes(routes(up.vw_url)),
+                upstream=UpstreamClient(auth=up.auth),
+                page_size=2,
+                guard=NO_AUTH,
+                cache=cache,
+                metrics=up.metrics if cache is not None else None,
             )
-            apps = [
-                build_app(
-                    routes=Routes(routes(vw_url)),
-                    upstream=UpstreamClient(auth=auth),
-                    page_size=2,
-                    guard=NO_AUTH,
-                    cache=cache,
-                    metrics=metrics if cache is not None else None,
-                )
-                for cache in (registry, None)
-            ]
-            try:
-                async with (
-                    serve_app(apps[0]) as cached,
-                    serve_app(apps[1]) as direct,
-                    serve_app(health_listener_app(apps[0], debug_cache=True)) as cached_health,
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
-                ):
-                    yield CachedAndDirect(fake, cached, direct, session, registry, cached_health)
-            finally:
-                await registry.aclose()
+            for cache in (up.registry, None)
+        ]
+        async with (
+            serve_app(apps[0]) as cached,
+            serve_app(apps[1]) as direct,
+            serve_app(health_listener_app(apps[0], debug_cache=True)) as cached_health,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
+        ):
+            yield CachedAndDirect(up.fake, cached, direct, session, up.registry, cached_health)
 
 
 @dataclass
@@ -154,37 +182,28 @@ async def cached_proxy(
     upstream list pages, None: the server's default; ``handoff``: the handoff loop it runs,
     None: the default one). Yields ``world(**parts)`` of :class:`CachedProxy`'s fields (the
     class, or a test's subclass of it). ``within``: the session's timeout."""
-    async with start_fake_upstream(upstream) as (fake, vw_url):
-        seed(fake)
-        origin = vw_url.removesuffix(fake.base_path)
-        auth = ClientAuth(server=origin, token=token)
-        async with KubeClient(auth=auth) as client:
-            metrics = ServerMetrics()
-            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
-            table = Routes(routes(vw_url))
-            loop = handoff(registry, table, metrics) if handoff is not None else None
-            paging: dict[str, Any] = {} if page_size is None else {"page_size": page_size}
-            app = build_app(
-                routes=table,
-                upstream=UpstreamClient(auth=auth),
-                guard=NO_AUTH,
-                cache=registry,
-                metrics=metrics,
+    async with _cached_upstream(upstream, token=token, seed=seed) as up:
+        table = Routes(routes(up.vw_url))
+        loop = handoff(up.registry, table, up.metrics) if handoff is not None else None
+        paging: dict[str, Any] = {} if page_size is None else {"page_size": page_size}
+        app = build_app(
+            routes=table,
+            upstream=UpstreamClient(auth=up.auth),
+            guard=NO_AUTH,
+            cache=up.registry,
+            metrics=up.metrics,
+            handoff=loop,
+            **paging,
+        )
+        async with (
+            serve_app(app) as base,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
+        ):
+            yield world(
+                fake=up.fake,
+                upstream=up.vw_url,
+                base=base,
+                session=session,
+                metrics=up.metrics,
                 handoff=loop,
-                **paging,
             )
-            try:
-                async with (
-                    serve_app(app) as base,
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
-                ):
-                    yield world(
-                        fake=fake,
-                        upstream=vw_url,
-                        base=base,
-                        session=session,
-                        metrics=metrics,
-                        handoff=loop,
-                    )
-            finally:
-                await registry.aclose()
