@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.holds_model import slice_members
 from tests.unit.test_cache_store import (
     KEYS,
     Labels,
@@ -389,8 +390,20 @@ def held_entry(
     return entry(json.dumps(doc).encode())
 
 
-def slice_view(sid: str) -> SliceView:
-    return SliceView(selector=SLICE_SELECTORS[sid], id=sid, peers=SLICE_SELECTORS.get)
+slice_view = slice_members(SLICE_SELECTORS)
+
+
+def holds_after(view: SliceView, meta: Meta, finalizers: list[str], *, record: bool) -> str | None:
+    """The holds annotation the proxy writes with ``finalizers`` through ``view`` (no relabel)."""
+    return plan_write(
+        view,
+        stored_labels=meta.labels,
+        stored_annotations=meta.annotations,
+        stored_finalizers=meta.finalizers,
+        result_labels=meta.labels,
+        result_finalizers=finalizers,
+        record=record,
+    ).annotation
 
 
 def shown_doc(view: SliceView, item: Entry) -> Any:
@@ -450,32 +463,14 @@ def test_a_holding_slice_never_sees_its_object_outside_its_selector_without_a_de
             view = slice_view(arg)
             if not visible(view, meta_now) or leaving(view, meta_now) is not None:
                 continue
-            plan = plan_write(
-                view,
-                stored_labels=meta_now.labels,
-                stored_annotations=meta_now.annotations,
-                stored_finalizers=meta_now.finalizers,
-                result_labels=meta_now.labels,
-                result_finalizers=[*finalizers, f"{arg}/f"],
-                record=True,
-            )
+            holds = holds_after(view, meta_now, [*finalizers, f"{arg}/f"], record=True)
             finalizers = [*finalizers, f"{arg}/f"]
-            holds = plan.annotation
         elif op == "release":
             view = slice_view(arg)
             if f"{arg}/f" not in finalizers or not visible(view, meta_now):
                 continue
             rest = [f for f in finalizers if f != f"{arg}/f"]
-            plan = plan_write(
-                view,
-                stored_labels=meta_now.labels,
-                stored_annotations=meta_now.annotations,
-                stored_finalizers=meta_now.finalizers,
-                result_labels=meta_now.labels,
-                result_finalizers=rest,
-                record=False,
-            )
-            finalizers, holds = rest, plan.annotation
+            finalizers, holds = rest, holds_after(view, meta_now, rest, record=False)
         else:
             decision = decide(
                 labels=dict(meta_now.labels),
