@@ -573,6 +573,13 @@ class Handlers:
             raw_text = (await request.read()).decode(errors="replace")
             patch = self._check_object(spec, patch, raw_text, target.name)
             if existing is None and not status:
+                # patcher.applyPatch: checkName after createNewObject — an apply that names no
+                # object (a generateName is no name) does not create one.
+                if not (patch.get("metadata") or {}).get("name"):
+                    raise bad_request(
+                        "the name of the object () does not match the name on the URL "
+                        f"({target.name})"
+                    )
                 obj, stored = self.store.create(spec, key[0], key[1], patch, dry_run=dry_run)
                 obj, answer = self._answer(obj, stored, dry_run=dry_run)
                 return self._object_response(request, target.spec, output, obj, answer, 201)
