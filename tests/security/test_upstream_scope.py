@@ -26,10 +26,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import CLUSTERS, PROXY_TOKEN, SLICE_CLUSTER, routes_for, widget
+from tests.integration.test_handoff import World, leaving_a, world
 from tests.support.cache import CachedAndDirect, cached_and_direct
+from vwserver.k8s.types import ObjectMeta
+from vwserver.proxy.filtering import Scope
+from vwserver.proxy.writes import create_scope
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 POM = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
@@ -508,3 +514,65 @@ async def test_apibindings_watch_forwards_only_the_clusters_own(
     clusters = [o["metadata"]["annotations"]["kcp.io/cluster"] for o in objects]
     assert clusters == ["c1"], text
     assert await out_of_scope_count(pair.session, pair.direct) > 0
+
+
+# --- an object leaving a slice: the release written by the proxy -------------------------------
+
+__all__ = ["world"]  # the handoff tests' fixture (a slice that records holds)
+
+
+@pytest.mark.parametrize("dry_runs", [True, False], ids=["dry-run", "release"])
+async def test_a_release_answered_out_of_scope_is_bad_gateway(world: World, dry_runs: bool) -> None:
+    """Through a slice the object is leaving, the one write left releases the slice's own
+    finalizer (the client's write dry-run, then the proxy's JSON patch): an answer out of
+    scope at either step is 502 — after the dry run nothing was written, after the patch it
+    was."""
+    shown = await leaving_a(world, "mover")
+    release = json.loads(json.dumps(shown))
+    release["metadata"]["finalizers"] = []
+    world.fake.faults.foreign_answers = "cluster"
+    world.fake.faults.foreign_dry_runs = dry_runs
+    code, status = await world.call("PUT", world.url("a", "mover"), release)
+    world.fake.faults.foreign_answers = ""
+    assert code == 502, status
+    assert status["kind"] == "Status" and "foreign" not in json.dumps(status), status
+    finalizers = world.stored("mover")["metadata"].get("finalizers") or []
+    assert bool(finalizers) is dry_runs, finalizers
+
+
+# --- the rule itself -------------------------------------------------------------------------
+
+_NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=80)
+
+
+def _meta(*, cluster: str, namespace: str, name: str) -> ObjectMeta:
+    return ObjectMeta(name=name, namespace=namespace, annotations={"kcp.io/cluster": cluster})
+
+
+@given(
+    generate=_NAMES, suffix=st.text(alphabet="bcdfghjklmnpqrstvwxz2456789", min_size=5, max_size=5)
+)
+def test_a_generated_name_is_admitted_and_another_cluster_or_namespace_is_not(
+    generate: str, suffix: str
+) -> None:
+    """What a create's answer may be: the name kcp generates from generateName (its base cut
+    to 58 characters), in the request's cluster and namespace — nothing else."""
+    scope = create_scope(
+        Scope(cluster="c1", namespace="ns1"), {"metadata": {"generateName": generate}}
+    )
+    generated = generate[:58] + suffix
+    assert scope.admits(_meta(cluster="c1", namespace="ns1", name=generated))
+    assert not scope.admits(_meta(cluster="c2", namespace="ns1", name=generated))
+    assert not scope.admits(_meta(cluster="c1", namespace="ns2", name=generated))
+    assert not scope.admits(_meta(cluster="c1", namespace="ns1", name="." + generated))
+    assert not scope.admits(ObjectMeta(name=generated, namespace="ns1"))  # no cluster at all
+
+
+@given(name=_NAMES, generate=_NAMES, other=_NAMES)
+def test_a_named_create_admits_that_name_only(name: str, generate: str, other: str) -> None:
+    scope = create_scope(
+        Scope(cluster="c1", namespace="ns1"),
+        {"metadata": {"name": name, "generateName": generate}},
+    )
+    assert scope.admits(_meta(cluster="c1", namespace="ns1", name=name))
+    assert scope.admits(_meta(cluster="c1", namespace="ns1", name=other)) is (other == name)

@@ -121,7 +121,14 @@ async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
         data=_encoder.encode(body),
     ) as up:
         response = await relay_whole(up)
-    ctx.check_answer(response.status, _body(response), scope=create_scope(ctx.scope, body))
+    dry_run = ctx.options.get("dryRun") == "All"
+    ctx.check_answer(
+        response.status,
+        _body(response),
+        scope=create_scope(ctx.scope, body),
+        written=not dry_run,
+        unstored_create=dry_run,
+    )
     return response
 
 
@@ -258,7 +265,9 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
                 lost = True
                 break  # the object changed since it was checked: check again
             # A dry run's result and the patch's answer alike.
-            ctx.check_answer(status, body, written=not dry_run)
+            ctx.check_answer(
+                status, body, written=not dry_run, unstored_create=dry_run and stored is None
+            )
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
             _check_result(body, ctx, stored)
