@@ -127,7 +127,6 @@ async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
         _body(response),
         scope=create_scope(ctx.scope, body),
         written=not dry_run,
-        unstored_create=dry_run,
     )
     return response
 
@@ -265,9 +264,7 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
                 lost = True
                 break  # the object changed since it was checked: check again
             # A dry run's result and the patch's answer alike.
-            ctx.check_answer(
-                status, body, written=not dry_run, unstored_create=dry_run and stored is None
-            )
+            ctx.check_answer(status, body, written=not dry_run)
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
             _check_result(body, ctx, stored)
