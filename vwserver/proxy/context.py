@@ -178,10 +178,10 @@ class ProxyRequest:
         """A write's successful answer must be the object written, in ``scope`` (by default
         the request's :attr:`scope`); ``status_ok``: a ``Status`` may answer instead (a DELETE
         of an object that is gone); ``written``: False for a dry run. A dry run that creates
-        (201: a POST, or an apply — also one whose object was deleted since the proxy read
-        it) answers with an object kcp did not store; kcp writes ``kcp.io/cluster`` when it
-        stores an object, so that answer carries none (kcp v0.32), and only one naming
-        another cluster is refused. kcp never answers with
+        (a POST, or an apply — also one whose object was deleted since the proxy read it:
+        kcp v0.32 then answers 200 or 201) answers with an object kcp did not store; kcp
+        writes ``kcp.io/cluster`` when it stores an object, so that answer carries none, and
+        for a dry run only an answer naming another cluster is refused. kcp never answers with
         anything else; when it does (an upstream bug, a shard mix-up) the write was carried
         out, but its answer is not forwarded: 502, counted and logged without any of its
         content."""
@@ -201,8 +201,7 @@ class ProxyRequest:
         if status_ok and head.kind == "Status" and head.apiVersion == "v1":
             return
         scope = scope or self.scope
-        unstored = not written and status == 201
-        if unstored and kcp.CLUSTER_ANNOTATION not in (head.metadata.annotations or {}):
+        if not written and kcp.CLUSTER_ANNOTATION not in (head.metadata.annotations or {}):
             scope = replace(scope, cluster="*")
         if not scope.admits(head.metadata):
             self.out_of_scope()

@@ -184,7 +184,14 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
             client_dry_run=ctx.options.get("dryRun") == "All",
         )
 
-    return await _write_checked(ctx, "PUT", prepare, refused=refused, leaving=leaving)
+    return await _write_checked(
+        ctx,
+        "PUT",
+        prepare,
+        refused=refused,
+        leaving=leaving,
+        dry_run=ctx.options.get("dryRun") == "All",
+    )
 
 
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
@@ -305,6 +312,7 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
             leaving=leaving,
             # The options are in the body (the apiserver would ignore them in the query).
             query=ctx.options.without(*DELETE_QUERY),
+            dry_run=bool(options.get("dryRun")),
         )
 
 
@@ -422,6 +430,7 @@ async def _delete_one(
         body,
         scope=replace(ctx.scope, namespace=meta.namespace, name=meta.name),
         status_ok=True,
+        written=not send.get("dryRun"),
     )
     # A DELETE answers with the object, or with a Success Status once it is gone: the list
     # holds the object either way, like the apiserver's.
@@ -439,11 +448,13 @@ async def _write_checked(
     refused: Invalid | None = None,
     leaving: Callable[[Stored, str], Awaitable[web.StreamResponse]],
     query: list[tuple[str, str]] | None = None,
+    dry_run: bool = False,
 ) -> web.StreamResponse:
     """Check that the stored object is in the slice, then send the write made conditional on
     what was checked; if the object changed in between, check again. ``refused``: the
     answer for an object that is missing or invisible, when the request itself is refused;
-    ``leaving``: the answer for an object that is leaving the slice."""
+    ``leaving``: the answer for an object that is leaving the slice; ``dry_run``: the client
+    asked for one (its answer is checked as one)."""
     for _ in range(_ATTEMPTS):
         stored = await _stored(ctx)
         if not isinstance(stored, Stored):
@@ -464,7 +475,9 @@ async def _write_checked(
             response = await relay_whole(up)
         if await _lost_race(ctx, response.status, "", stored):
             continue
-        ctx.check_answer(response.status, _body(response), status_ok=method == "DELETE")
+        ctx.check_answer(
+            response.status, _body(response), status_ok=method == "DELETE", written=not dry_run
+        )
         return response
     raise _kept_changing(ctx)
 
