@@ -493,9 +493,27 @@ class Handlers:
         obj, stored = self.store.create(
             target.spec, target.cluster, target.namespace or "", body, dry_run=dry_run
         )
-        return self._object_response(
-            request, target.spec, output, obj, stored.raw if stored else None, 201
-        )
+        obj, answer = self._answer(obj, stored, dry_run=dry_run)
+        return self._object_response(request, target.spec, output, obj, answer, 201)
+
+    def _answer(
+        self, obj: JSON, stored: StoredObject | None, *, dry_run: bool
+    ) -> tuple[JSON, bytes | None]:
+        """A write's answer: the object written — or, with the ``foreign_answers`` fault, that
+        object moved out of the request's scope (a shard mix-up)."""
+        where = self.fake.faults.foreign_answers
+        if not where or (dry_run and not self.fake.faults.foreign_dry_runs):
+            return obj, stored.raw if stored else None
+        foreign = copy_json(obj)
+        meta = foreign.setdefault("metadata", {})
+        if where == "cluster":
+            annotations = meta.setdefault("annotations", {})
+            annotations[CLUSTER_ANNOTATION] = f"{annotations.get(CLUSTER_ANNOTATION, '')}-foreign"
+        elif where == "name":  # a prefix: no generateName admits it either
+            meta["name"] = f"foreign-{meta.get('name', '')}"
+        else:
+            meta[where] = f"{meta.get(where, '')}-foreign"
+        return foreign, None
 
     async def _update(self, request: web.Request, target: Target) -> web.StreamResponse:
         output = render.negotiate(request.headers.get("Accept", ""))
@@ -511,9 +529,8 @@ class Handlers:
             status=target.subresource == "status",
             dry_run=dry_run,
         )
-        return self._object_response(
-            request, target.spec, output, obj, stored.raw if stored else None, 200
-        )
+        obj, answer = self._answer(obj, stored, dry_run=dry_run)
+        return self._object_response(request, target.spec, output, obj, answer, 200)
 
     async def _patch(self, request: web.Request, target: Target) -> web.StreamResponse:
         content_type = request.content_type
@@ -556,10 +573,16 @@ class Handlers:
             raw_text = (await request.read()).decode(errors="replace")
             patch = self._check_object(spec, patch, raw_text, target.name)
             if existing is None and not status:
+                # patcher.applyPatch: checkName after createNewObject — an apply that names no
+                # object (a generateName is no name) does not create one.
+                if not (patch.get("metadata") or {}).get("name"):
+                    raise bad_request(
+                        "the name of the object () does not match the name on the URL "
+                        f"({target.name})"
+                    )
                 obj, stored = self.store.create(spec, key[0], key[1], patch, dry_run=dry_run)
-                return self._object_response(
-                    request, target.spec, output, obj, stored.raw if stored else None, 201
-                )
+                obj, answer = self._answer(obj, stored, dry_run=dry_run)
+                return self._object_response(request, target.spec, output, obj, answer, 201)
         if existing is None:
             raise not_found_error(spec.group, spec.plural, key[2])
         try:
@@ -583,9 +606,8 @@ class Handlers:
         obj, stored = self.store.update(
             spec, key, patched, status=status, dry_run=dry_run, require_rv=False
         )
-        return self._object_response(
-            request, target.spec, output, obj, stored.raw if stored else None, 200
-        )
+        obj, answer = self._answer(obj, stored, dry_run=dry_run)
+        return self._object_response(request, target.spec, output, obj, answer, 200)
 
     async def _delete_options(self, request: web.Request) -> tuple[bool, str | None, str | None]:
         body = await self._read_body(request) if await request.read() else None
@@ -615,10 +637,11 @@ class Handlers:
             precondition_rv=rv,
             dry_run=dry_run,
         )
-        if deleted:
+        if deleted and not self.fake.faults.foreign_answers:
             return web.Response(
                 body=render.success_status(target.spec, obj), content_type="application/json"
             )
+        obj, _ = self._answer(obj, None, dry_run=dry_run)  # a mix-up answers with an object
         return self._object_response(request, target.spec, output, obj, None, 200)
 
     async def _delete_collection(self, request: web.Request, target: Target) -> web.StreamResponse:

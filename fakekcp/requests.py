@@ -49,12 +49,20 @@ class Faults:
     # A shard mix-up: reads of one logical cluster answered with objects of every cluster and
     # namespace (lists, watches; a GET with another object of the resource than the one named).
     ignore_scope: bool = False
+    # A shard mix-up on writes: each write is carried out as asked, but answered with the object
+    # moved out of the request's scope — "cluster" (another kcp.io/cluster), "namespace" or
+    # "name" (another name, "foreign-" before it) ("": off); a dry run too unless
+    # foreign_dry_runs is False. A DELETE answers with the object even once it is gone.
+    foreign_answers: str = ""
+    foreign_dry_runs: bool = True
     requests: list[RecordedRequest] = field(default_factory=list)
 
     def reset(self) -> None:
         """Switch every fault off and forget the recorded requests."""
         self.unreachable = self.garbage = self.ignore_selectors = self.ignore_scope = False
         self.status_code = self.die_mid_watch_after = None
+        self.foreign_answers = ""
+        self.foreign_dry_runs = True
         self.delay = 0.0
         self.requests.clear()
 

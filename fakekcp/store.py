@@ -543,7 +543,8 @@ class Store:
         name = meta.get("name") or ""
         if not name and meta.get("generateName"):
             suffix = "".join(random.choices(_GENERATE_ALPHABET, k=5))
-            name = meta["name"] = f"{meta['generateName']}{suffix}"
+            # names.SimpleNameGenerator: the base cut to 63 - 5 characters
+            name = meta["name"] = f"{meta['generateName'][:58]}{suffix}"
         if not name:
             raise invalid(
                 spec.group,
@@ -578,9 +579,11 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
-        meta.setdefault("annotations", {})[CLUSTER_ANNOTATION] = cluster
         if dry_run:
+            # kcp writes kcp.io/cluster when it stores the object: a dry-run create's answer
+            # has none (kcp v0.32.3).
             return obj, None
+        meta.setdefault("annotations", {})[CLUSTER_ANNOTATION] = cluster
         stored = self._commit_put(spec, key, obj)
         return stored.obj, stored
 

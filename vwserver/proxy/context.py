@@ -12,13 +12,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.cache.views import NAME, NAMESPACE, parse_field_selector
-from vwserver.errors import BadRequest, SelectorError
+from vwserver.errors import BadGateway, BadRequest, SelectorError
 from vwserver.holds import Member, Peers, leaving_safe, leaving_since, sees, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
 from vwserver.metrics import UNKNOWN, ServerMetrics
-from vwserver.proxy.filtering import Scope
+from vwserver.proxy.filtering import Scope, UndecodableError, decode_head
 from vwserver.proxy.negotiation import Representation, Shape
 from vwserver.proxy.options import Options
 from vwserver.proxy.paths import ApiRequest, SlicePath, Verb
@@ -147,7 +147,9 @@ class ProxyRequest:
         list's or watch's ``fieldSelector`` pins (a selector kcp refuses pins nothing)."""
         api = self.api
         namespace, name = api.namespace, api.name
-        if api.verb in (Verb.LIST, Verb.WATCH) and (text := self.options.get("fieldSelector")):
+        if api.verb in (Verb.LIST, Verb.WATCH, Verb.DELETECOLLECTION) and (
+            text := self.options.get("fieldSelector")
+        ):
             try:
                 fields = parse_field_selector(text)
             except BadRequest:
@@ -157,6 +159,58 @@ class ProxyRequest:
                 name = name or fields.requires(NAME) or ""
         return Scope(cluster=self.path.cluster, namespace=namespace, name=name)
 
+    @property
+    def membership(self) -> bool:
+        """Whether the slice's membership decides what this request reads: not for the
+        read-only apibindings, the consumer workspace's own objects (they carry no slice
+        labels) — for them only the request's :attr:`scope` is checked."""
+        return not self.api.is_apibindings
+
+    def check_answer(
+        self,
+        status: int,
+        body: bytes,
+        *,
+        scope: Scope | None = None,
+        status_ok: bool = False,
+        written: bool = True,
+    ) -> None:
+        """A write's successful answer must be the object written, in ``scope`` (by default
+        the request's :attr:`scope`); ``status_ok``: a ``Status`` may answer instead (a DELETE
+        of an object that is gone); ``written``: False for a dry run. A dry run that creates
+        (a POST, or an apply — also one whose object was deleted since the proxy read it:
+        kcp v0.32 then answers 200 or 201) answers with an object kcp did not store; kcp
+        writes ``kcp.io/cluster`` when it stores an object, so that answer carries none, and
+        for a dry run only an answer naming another cluster is refused. kcp never answers with
+        anything else; when it does (an upstream bug, a shard mix-up) the write was carried
+        out, but its answer is not forwarded: 502, counted and logged without any of its
+        content."""
+        done = (
+            "the write may have been carried out upstream: read the object again"
+            if written
+            else "nothing was written (a dry run)"
+        )
+        if status not in (200, 201, 202):
+            return  # an error Status, relayed as it is
+        try:
+            head = decode_head(body)
+        except UndecodableError as e:
+            raise BadGateway(
+                f"the upstream's answer to the {self.api.verb} is not an object ({e}); {done}"
+            ) from e
+        if status_ok and head.kind == "Status" and head.apiVersion == "v1":
+            return
+        scope = scope or self.scope
+        if not written and kcp.CLUSTER_ANNOTATION not in (head.metadata.annotations or {}):
+            scope = replace(scope, cluster="*")
+        if not scope.admits(head.metadata):
+            self.out_of_scope()
+            raise BadGateway(
+                f"the upstream answered the {self.api.verb} of {self.api.resource} with an "
+                f"object outside the request's scope (another logical cluster, namespace or "
+                f"name); {done}"
+            )
+
     def out_of_scope(self, count: int = 1) -> None:
         """Count (and log, without any of their content) objects the upstream sent outside
         this request's :attr:`scope`; they are not forwarded."""
@@ -165,7 +219,7 @@ class ProxyRequest:
         self.metrics.upstream_out_of_scope.labels(self.record.slice, self.api.verb).inc(count)
         log.warning(
             "upstream sent %d object(s) outside the request's scope (cluster %s, namespace %r, "
-            "name %r) for %s of %s: dropped",
+            "name %r) for %s of %s: not forwarded",
             count,
             self.path.cluster,
             self.api.namespace,
@@ -209,9 +263,7 @@ class ProxyRequest:
         """A Table without embedded objects was asked for: the proxy fetches rows with their
         metadata (it needs the labels) and removes the objects before answering."""
         return (
-            self.representation.shape is Shape.TABLE
-            and self.options.get("includeObject") == "None"
-            and not self.api.is_apibindings
+            self.representation.shape is Shape.TABLE and self.options.get("includeObject") == "None"
         )
 
     def upstream_query(
@@ -223,7 +275,8 @@ class ProxyRequest:
         with_slice: bool = True,
     ) -> list[tuple[str, str]]:
         """The checked query with the effective selector pushed down (reads and
-        deletecollection; not for the unfiltered apibindings) — only the client's own when not
+        deletecollection; not for apibindings, which are no slice's) — only the client's own
+        when not
         ``with_slice`` (:meth:`leaving_safe_selector`) — and what the proxy must see of each
         object made sure of."""
         dropped = {"labelSelector", *drop} if push_selector else set(drop)

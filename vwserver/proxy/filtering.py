@@ -92,16 +92,21 @@ _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 @dataclass(frozen=True, slots=True)
 class Scope:
     """What one request addresses: its logical cluster (``*``: any), namespace and name (``""``:
-    any). An object outside it is never forwarded, whatever the slice's membership says."""
+    any) — or, for a create that has kcp generate the name, the name's prefix. An object
+    outside it is never forwarded, whatever the slice's membership says."""
 
     cluster: str = "*"
     namespace: str = ""
     name: str = ""
+    name_prefix: str = ""
+    """A create with ``generateName`` only: the name kcp generates starts with it."""
 
     def admits(self, meta: ObjectMeta) -> bool:
         if self.cluster != "*" and (meta.annotations or {}).get(CLUSTER_ANNOTATION) != self.cluster:
             return False
         if self.namespace and meta.namespace != self.namespace:
+            return False
+        if self.name_prefix and not meta.name.startswith(self.name_prefix):
             return False
         return not self.name or meta.name == self.name
 

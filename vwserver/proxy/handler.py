@@ -281,7 +281,9 @@ class ProxyHandler:
         if api.is_apibindings:
             if api.verb not in READ_VERBS:
                 raise Forbidden(f"apibindings are read-only through this endpoint ({api.verb})")
-            return await reads.serve_passthrough(ctx)
+            # No slice's objects: GET and WATCH check the scope only (ctx.membership).
+            if api.verb is Verb.LIST:
+                return await lists.serve_apibindings_list(ctx)
         return await _BY_VERB[api.verb](ctx)
 
 

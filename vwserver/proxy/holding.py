@@ -331,6 +331,7 @@ async def serve_leaving(
         status = up.status
         body = await read_body(up)
         headers = response_headers(up)
+    ctx.check_answer(status, body, written=False)  # the dry run's result
     if status not in (200, 201):
         if status == 409:
             raise leaving_refusal(ctx, stored)
@@ -348,6 +349,7 @@ async def serve_leaving(
         status = up.status
         body = await read_body(up)
         headers = response_headers(up)
+    ctx.check_answer(status, body)
     if status == 200:
         body = as_leaving(body, since)
     elif status == 422:

@@ -167,6 +167,34 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     return response
 
 
+async def serve_apibindings_list(ctx: ProxyRequest) -> web.StreamResponse:
+    """A LIST of apibindings, which are no slice's (:attr:`ProxyRequest.membership`): one
+    upstream request with the client's own query (its paging and selectors), every binding
+    outside the request's scope left out and counted (:func:`_decode`). A workspace has few
+    bindings; the page is read whole, as every upstream page is."""
+    async with ctx.upstream.request(
+        "GET",
+        ctx.upstream_url,
+        query=ctx.upstream_query(push_selector=False),
+        headers=ctx.upstream_headers(),
+    ) as up:
+        if up.status != 200:
+            return await relay_whole(up)
+        headers = response_headers(up)
+        page = _decode(ctx, await read_body(up))
+    writer = _ListWriter(
+        page,
+        continue_token=page.continue_token,
+        yaml=ctx.representation.yaml,
+        strip_objects=ctx.strip_objects,
+    )
+    if ctx.representation.yaml:
+        headers["Content-Type"] = YAML_CONTENT_TYPE
+    return web.Response(
+        status=200, body=writer.entries(page.entries) + writer.end(), headers=headers
+    )
+
+
 class _ListWriter:
     """Writes one list response from the first page's envelope and each page's visible entries:
     JSON with the entries' original bytes, or YAML (keys sorted, entries converted one by

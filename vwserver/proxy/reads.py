@@ -1,4 +1,4 @@
-"""GET of one object, and the unfiltered pass-through reads (discovery, apibindings).
+"""GET of one object, and the reads that are no slice's: discovery, apibindings.
 
 A GET of an object outside the slice answers exactly what a GET of a missing object answers —
 the proxy replaces the upstream's own 404 with the same body it makes for an invisible object,
@@ -6,6 +6,14 @@ so status, headers and bytes cannot tell the two apart, in every representation 
 a Table, PartialObjectMetadata, YAML): the representation is negotiated before the upstream is
 asked (:mod:`vwserver.proxy.negotiation`), so the upstream cannot refuse it only for objects
 that exist.
+
+APIBindings are the consumer workspace's own (read-only, cluster-scoped) objects, not the
+slice's: the slice's membership does not apply to them (:attr:`ProxyRequest.membership`), but
+the request's scope does — on a per-cluster URL every binding must carry that cluster's
+``kcp.io/cluster``. A GET is checked by :func:`as_shown`, a WATCH event by event
+(:func:`vwserver.proxy.watch.serve_watch`), a LIST page by page
+(:func:`vwserver.proxy.lists.serve_apibindings_list`): each decoded by the structure the
+request negotiated, at the cost of any other read.
 """
 
 from __future__ import annotations
@@ -60,8 +68,9 @@ def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
 
     An object outside the request's scope (another logical cluster, namespace or name than
     the URL's: an upstream bug) is answered like a missing one — 404, not 502: the client may
-    learn nothing from it, not even that the upstream had something there — and counted."""
-    scope = ctx.scope
+    learn nothing from it, not even that the upstream had something there — and counted.
+    An apibinding is checked against the scope only (:attr:`ProxyRequest.membership`)."""
+    scope, membership = ctx.scope, ctx.membership
     if ctx.table:
         rows = decode_table_rows(body)
         if not rows or any(meta is None for meta in rows):
@@ -69,13 +78,15 @@ def as_shown(body: bytes, ctx: ProxyRequest) -> bytes | None:
         if not all(meta is not None and scope.admits(meta) for meta in rows):
             ctx.out_of_scope()
             return None
-        if not all(meta is not None and ctx.sees(meta) for meta in rows):
+        if membership and not all(meta is not None and ctx.sees(meta) for meta in rows):
             return None
         return _strip_table(body) if ctx.strip_objects else body
     head = decode_head(body)
     if not scope.admits(head.metadata):
         ctx.out_of_scope()
         return None
+    if not membership:
+        return body
     if not ctx.sees(head.metadata):
         return None
     since = ctx.leaving(head.metadata)
@@ -92,11 +103,11 @@ def _strip_table(body: bytes) -> bytes:
 
 
 async def serve_passthrough(ctx: ProxyRequest) -> web.StreamResponse:
-    """Discovery documents and read-only apibindings: streamed through unchanged."""
+    """Discovery documents (they hold no objects): streamed through unchanged."""
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
-        query=ctx.options.items if ctx.api.discovery else ctx.upstream_query(push_selector=False),
+        query=ctx.options.items,
         headers=ctx.upstream_headers(),
         read_timeout=None,
     ) as up:

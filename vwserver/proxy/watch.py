@@ -63,13 +63,17 @@ log = logging.getLogger(__name__)
 
 
 async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
-    selector = ctx.effective_selector()
+    # Apibindings are no slice's (ProxyRequest.membership): the client's own query goes to
+    # kcp, and every event is checked against the request's scope only.
+    membership = ctx.membership
+    selector = ctx.effective_selector() if membership else Selector()
+    member = ctx.member if membership else None
     strip = ctx.strip_objects
     table, scope, delivered = ctx.table, ctx.scope, Delivered(since=_start(ctx))
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
-        query=ctx.upstream_query(),
+        query=ctx.upstream_query(push_selector=membership),
         headers=ctx.upstream_headers(),
         read_timeout=None,  # watches are long-lived; timeoutSeconds is the upstream's business
     ) as up:
@@ -104,7 +108,7 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                             selector=selector,
                             table=table,
                             strip_objects=strip,
-                            member=ctx.member,
+                            member=member,
                             scope=scope,
                             delivered=delivered,
                         )

@@ -36,12 +36,20 @@ applies to exactly the object the dry run saw, or fails with 409.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
+
+Every object kcp answers is checked against the request's scope
+(:class:`~vwserver.proxy.filtering.Scope`: its logical cluster, namespace and name — for a
+create the name sent, or the ``generateName`` prefix of the name kcp generates): the stored
+object read before a write is treated as missing when it is outside (404, nothing written); a
+write's answer outside it is not forwarded — the write was carried out, so the client gets 502
+(:meth:`ProxyRequest.check_answer`), counted like every out-of-scope object.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -53,7 +61,7 @@ from vwserver.holds import hidden_by_relabel
 from vwserver.proxy import dependents, holding
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import UndecodableError, decode_head, decode_page
+from vwserver.proxy.filtering import Scope, UndecodableError, decode_head, decode_page
 from vwserver.proxy.holding import Stored
 from vwserver.proxy.options import (
     DELETE_QUERY,
@@ -66,6 +74,9 @@ from vwserver.selector import Requirement, Selector
 
 # How often a check-then-write is retried when the object changed in between.
 _ATTEMPTS = 3
+# The apiserver's generated names (k8s.io/apiserver/pkg/storage/names): generateName cut to
+# 63 - 5 characters, then 5 random ones.
+_GENERATED_BASE = 58
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
@@ -109,7 +120,34 @@ async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
         headers=ctx.upstream_headers(content_type=JSON),
         data=_encoder.encode(body),
     ) as up:
-        return await relay_whole(up)
+        response = await relay_whole(up)
+    dry_run = ctx.options.get("dryRun") == "All"
+    ctx.check_answer(
+        response.status,
+        _body(response),
+        scope=create_scope(ctx.scope, body),
+        written=not dry_run,
+    )
+    return response
+
+
+def create_scope(scope: Scope, body: dict[str, Any]) -> Scope:
+    """What a create's answer must be: the object named in ``body`` — or, with only
+    ``generateName``, one whose name kcp generated from it — in the request's cluster and
+    namespace (``scope``). A name wins over generateName, as in the apiserver."""
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    name, generate = meta.get("name"), meta.get("generateName")
+    if isinstance(name, str) and name:
+        return replace(scope, name=name)
+    if isinstance(generate, str) and generate:
+        return replace(scope, name_prefix=generate[:_GENERATED_BASE])
+    return scope
+
+
+def _body(response: web.Response) -> bytes:
+    body = response.body
+    return body if isinstance(body, bytes) else b""
 
 
 async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
@@ -146,7 +184,14 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
             client_dry_run=ctx.options.get("dryRun") == "All",
         )
 
-    return await _write_checked(ctx, "PUT", prepare, refused=refused, leaving=leaving)
+    return await _write_checked(
+        ctx,
+        "PUT",
+        prepare,
+        refused=refused,
+        leaving=leaving,
+        dry_run=ctx.options.get("dryRun") == "All",
+    )
 
 
 async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
@@ -225,6 +270,8 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             if await _lost_race(ctx, status, content_type, stored):
                 lost = True
                 break  # the object changed since it was checked: check again
+            # A dry run's result and the patch's answer alike.
+            ctx.check_answer(status, body, written=not dry_run)
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
             _check_result(body, ctx, stored)
@@ -265,6 +312,7 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
             leaving=leaving,
             # The options are in the body (the apiserver would ignore them in the query).
             query=ctx.options.without(*DELETE_QUERY),
+            dry_run=bool(options.get("dryRun")),
         )
 
 
@@ -376,7 +424,14 @@ async def _delete_one(
             return None
         if up.status not in (200, 202):
             return await relay_whole(up)
-        body = await read_body(up)
+        status, body = up.status, await read_body(up)
+    ctx.check_answer(
+        status,
+        body,
+        scope=replace(ctx.scope, namespace=meta.namespace, name=meta.name),
+        status_ok=True,
+        written=not send.get("dryRun"),
+    )
     # A DELETE answers with the object, or with a Success Status once it is gone: the list
     # holds the object either way, like the apiserver's.
     return bytes(listed) if decode_head(body).kind == "Status" else body
@@ -393,11 +448,13 @@ async def _write_checked(
     refused: Invalid | None = None,
     leaving: Callable[[Stored, str], Awaitable[web.StreamResponse]],
     query: list[tuple[str, str]] | None = None,
+    dry_run: bool = False,
 ) -> web.StreamResponse:
     """Check that the stored object is in the slice, then send the write made conditional on
     what was checked; if the object changed in between, check again. ``refused``: the
     answer for an object that is missing or invisible, when the request itself is refused;
-    ``leaving``: the answer for an object that is leaving the slice."""
+    ``leaving``: the answer for an object that is leaving the slice; ``dry_run``: the client
+    asked for one (its answer is checked as one)."""
     for _ in range(_ATTEMPTS):
         stored = await _stored(ctx)
         if not isinstance(stored, Stored):
@@ -418,6 +475,9 @@ async def _write_checked(
             response = await relay_whole(up)
         if await _lost_race(ctx, response.status, "", stored):
             continue
+        ctx.check_answer(
+            response.status, _body(response), status_ok=method == "DELETE", written=not dry_run
+        )
         return response
     raise _kept_changing(ctx)
 
@@ -546,7 +606,9 @@ async def _lost_race(
 
 async def _stored(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
     """The stored object if it exists and is in the slice; None if it does not exist;
-    the NotFound response if it exists outside the slice; an upstream error response as is.
+    the NotFound response if it exists outside the slice — or kcp answered with an object
+    outside the request's scope (another cluster's, namespace's or name's: counted; nothing is
+    written, not even an apply's create); an upstream error response as is.
 
     Callers answer "missing" with the same NotFound, except server-side apply, for which a
     missing object is a create.
@@ -560,6 +622,9 @@ async def _stored(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
             return await relay_whole(up)
         body = await read_body(up)
     head = decode_head(body)
+    if not ctx.scope.admits(head.metadata):
+        ctx.out_of_scope()
+        return ctx.not_found()
     if not ctx.sees(head.metadata):
         return ctx.not_found()
     return Stored(head=head, body=body)
