@@ -58,6 +58,7 @@ from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
 from vwserver.holds import hidden_by_relabel
+from vwserver.k8s.types import ObjectMeta
 from vwserver.proxy import dependents, holding
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
@@ -367,17 +368,23 @@ async def _delete_listed(
             raise UpstreamUnavailable(f"upstream sent an undecodable list: {e}") from e
         ctx.out_of_scope(page.out_of_scope)
         kind, api_version = page.kind, page.api_version
-        visible = list(page.visible(selector))
+        # Listed by their labels; an object another slice holds (or that is leaving this one)
+        # is not deleted. The page's metadata is decoded once, by decode_page.
+        targets = [
+            (raw, meta)
+            for raw, meta in zip(page.entries, page.metas, strict=True)
+            if meta is not None
+            and selector.matches(meta.labels)
+            and ctx.sees(meta)
+            and ctx.leaving(meta) is None
+        ]
         # The page's dependents are checked before any of it is deleted (in memory: the cache).
-        for raw in visible:
-            meta = decode_head(raw).metadata
-            if not ctx.sees(meta) or ctx.leaving(meta) is not None:
-                continue  # not deleted (:func:`_delete_one`)
+        for _, meta in targets:
             dependent_check.check(
                 uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=options
             )
-        for raw in visible:
-            answer = await _delete_one(ctx, raw, options=options, query=delete_query)
+        for raw, meta in targets:
+            answer = await _delete_one(ctx, raw, meta, options=options, query=delete_query)
             if isinstance(answer, web.Response):
                 return answer
             if answer is not None:
@@ -400,17 +407,14 @@ async def _delete_listed(
 async def _delete_one(
     ctx: ProxyRequest,
     listed: msgspec.Raw,
+    meta: ObjectMeta,
     *,
     options: dict[str, Any],
     query: list[tuple[str, str]],
 ) -> bytes | web.Response | None:
-    """Delete one listed object conditionally: the object (as deleted, or being deleted), None
-    when it changed or vanished since it was listed (then it is no longer the object the
-    client's selector chose), or an upstream error to relay."""
-    meta = decode_head(listed).metadata
-    if not ctx.sees(meta) or ctx.leaving(meta) is not None:
-        # Listed by its labels, but another slice holds it (or it is leaving this one).
-        return None
+    """Delete one listed object (``meta``: its metadata as listed) conditionally: the object
+    (as deleted, or being deleted), None when it changed or vanished since it was listed (then
+    it is no longer the object the client's selector chose), or an upstream error to relay."""
     send = dict(options)
     send["preconditions"] = {"uid": meta.uid, "resourceVersion": meta.resourceVersion}
     async with ctx.upstream.request(
