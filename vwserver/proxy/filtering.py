@@ -72,7 +72,7 @@ matches; it is decided from the metadata decoded above (annotations and finalize
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -189,18 +189,20 @@ class Page:
             if meta is not None and matches(meta.labels) and _sees(member, meta)
         ]
 
-    def part(self, start: int, stop: int) -> Page:
-        """This page with only its entries ``start:stop``."""
-        return replace(self, entries=self.entries[start:stop], metas=self.metas[start:stop])
-
     def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
         """The entries ``member`` sees (:func:`vwserver.holds.sees`) that match the client's
         ``client`` selector, for a page read without the slice's selector: objects the slice
         holds are there whatever their labels. An object leaving the slice is shown being
         deleted (:func:`vwserver.holds.as_leaving`; a Table row as kcp printed it)."""
+        return [entry for _, entry in self.indexed_members(member, client)]
+
+    def indexed_members(
+        self, member: Member, client: Selector
+    ) -> list[tuple[int, bytes | msgspec.Raw]]:
+        """:meth:`members`, each with its index among the page's entries."""
         matches = client.matches
-        out: list[bytes | msgspec.Raw] = []
-        for entry, meta in zip(self.entries, self.metas, strict=True):
+        out: list[tuple[int, bytes | msgspec.Raw]] = []
+        for index, (entry, meta) in enumerate(zip(self.entries, self.metas, strict=True)):
             if meta is None or not _sees(member, meta):
                 continue
             # An object leaving the slice is matched by the labels it had as the slice last
@@ -213,7 +215,10 @@ class Page:
             since = leaving_since(
                 member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
             )
-            out.append(entry if since is None or self.is_table else as_leaving(bytes(entry), since))
+            shown_entry = (
+                entry if since is None or self.is_table else as_leaving(bytes(entry), since)
+            )
+            out.append((index, shown_entry))
         return out
 
 

@@ -307,15 +307,11 @@ def _take(
     """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer); how many
     of the page's entries precede the next one (up to and including the last one taken); and
     whether the page holds more that the slice sees."""
-    shown = page.members(ctx.member, client)
-    if not shown:
-        return shown, 0, False
-    taken: list[bytes | msgspec.Raw] = []
-    for index in range(len(page.entries)):
-        taken += page.part(index, index + 1).members(ctx.member, client)
-        if len(taken) == min(want, len(shown)):
-            return taken, index + 1, len(shown) > want
-    raise AssertionError("members() of a page are the members of its entries")
+    shown = page.indexed_members(ctx.member, client)
+    taken = shown[:want]
+    if not taken:
+        return [], 0, False
+    return [entry for _, entry in taken], taken[-1][0] + 1, len(shown) > want
 
 
 async def _token_after(
