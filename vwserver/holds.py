@@ -303,7 +303,7 @@ def client_labels(
     if not annotations or HOLDS_ANNOTATION not in annotations:
         return labels
     hold = effective_holds(annotations, finalizers).get(member.id)
-    if hold is None or not (hold.leavingSince or not member.selector.matches(labels)):
+    if hold is None or not _leaves(member, member.id, hold, labels):
         return labels
     if hold.leavingLabels is not None:
         return hold.leavingLabels
@@ -446,9 +446,9 @@ def guards(
     name another slice recorded first (by chance, or squatting on the name a controller uses)
     never keeps a controller from finishing its own finalizer; what a hold protects is the one
     thing only vwserver can break — a controller's last look at an object leaving its slice."""
-    if hold.leavingSince:
-        return True
-    return not (member.matches(holder, stored_labels) and member.matches(holder, result_labels))
+    return _leaves(member, holder, hold, stored_labels) or _leaves(
+        member, holder, hold, result_labels
+    )
 
 
 def hidden_by_relabel(
