@@ -247,7 +247,8 @@ class Supervisor:
             if crashed is not None:
                 return crashed
             codes = [w.process.returncode for w in self._workers]
-            if any(code != 0 for code in codes):
+            # A worker still starting (no signal handler yet) ends by the SIGTERM it was sent.
+            if any(code not in (0, -signal.SIGTERM) for code in codes):
                 log.error("workers exited with codes %s", codes)
                 return 1
             return 0

@@ -14,19 +14,19 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, widget
 from tests.integration.test_shutdown import ALICE, config_doc, fake_kcp
+from tests.support.metrics import per_worker
 from tests.support.procfs import alive, children
-from tests.support.vwserver_process import Reaper, ServedProcess, vwserver_process
+from tests.support.vwserver_process import Reaper, ServedProcess, reaper, vwserver_process
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.controller.handoff import Handoff, HandoffRelay
@@ -38,18 +38,13 @@ from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import HANDOFF_PATH, RelayClient, handoff_endpoint
 
+__all__ = ["reaper"]
+
 WAIT = 20.0
 API = "/apis/example.io/v1alpha1/widgets"
 FIN = "a.example.io/cleanup"
 CONNECTIONS = 24
 """Fresh connections spread over 2 workers: all on one worker has odds 2**-23."""
-
-
-@pytest.fixture
-def reaper() -> Iterator[Reaper]:
-    processes = Reaper()
-    yield processes
-    processes.kill_all()
 
 
 def slice_url(served: ServedProcess, *, cluster: str = "c1", name: str | None = None) -> str:
@@ -67,7 +62,20 @@ async def two_workers(
         for key in ("insecureServing", "listen"):  # vwserver_process serves TLS on its port
             doc.pop(key)
         async with vwserver_process(doc, workdir=tmp_path, reaper=reaper) as served:
+            await every_worker_ready(served)
             yield fake, served
+
+
+async def every_worker_ready(served: ServedProcess) -> None:
+    """Until the parent's ``/readyz`` answers 200: every worker listens (the slice port's
+    ``/readyz`` answers as soon as one does)."""
+    async with aiohttp.ClientSession() as s, asyncio.timeout(WAIT):
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(f"{served.health_base}/readyz") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.05)
 
 
 def session(served: ServedProcess, *, fresh: bool = False) -> aiohttp.ClientSession:
@@ -78,25 +86,10 @@ def session(served: ServedProcess, *, fresh: bool = False) -> aiohttp.ClientSess
     )
 
 
-async def metrics(served: ServedProcess) -> str:
-    async with aiohttp.ClientSession() as s, s.get(f"{served.health_base}/metrics") as r:
-        assert r.status == 200
-        return await r.text()
-
-
-def per_worker(text: str, name: str, **labels: str) -> dict[str, float]:
-    """The sum of a metric's samples per ``worker`` label (those with ``labels``)."""
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        found = dict(
-            pair.split("=", 1) for pair in head[len(name) + 1 : -1].replace('"', "").split(",")
-        )
-        if all(found.get(k) == v for k, v in labels.items()):
-            sums[found["worker"]] = sums.get(found["worker"], 0.0) + float(value)
-    return sums
+async def counted(served: ServedProcess, name: str, **labels: str) -> dict[str, float]:
+    """A metric's value per worker, from the parent's health listener."""
+    async with aiohttp.ClientSession() as s:
+        return await per_worker(s, served.health_base, name, **labels)
 
 
 async def until(check: Callable[[], bool]) -> None:
@@ -132,7 +125,7 @@ async def test_two_workers_serve_every_read_and_both_take_connections(
             async with s.get(slice_url(served), params={"watch": "1"}) as watch:
                 line = await asyncio.wait_for(watch.content.readline(), WAIT)
                 assert json.loads(line)["object"]["metadata"]["name"] == "p1"
-        gets = per_worker(await metrics(served), "vwserver_requests_total", verb="get")
+        gets = await counted(served, "vwserver_requests_total", verb="get")
         assert set(gets) == {"0", "1"}, gets  # the kernel gave both workers connections
         assert sum(gets.values()) == CONNECTIONS + 1
         async with aiohttp.ClientSession() as s:
@@ -216,7 +209,7 @@ async def test_only_worker_0_records_a_move(tmp_path: Path, reaper: Reaper) -> N
                 if "leavingSince" in obj["metadata"]["annotations"][HOLDS_ANNOTATION]:
                     break
                 await asyncio.sleep(0.05)
-        writes = per_worker(await metrics(served), "vwserver_handoff_writes_total")
+        writes = await counted(served, "vwserver_handoff_writes_total")
         assert writes == {"0": 1.0}, writes
 
 
