@@ -83,11 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vwserver serve: {e}", file=sys.stderr)
             return 2
         workers = args.workers
-    configure_logging(level=config.log_level, fmt=config.log_format)
-    if args.worker_role is None and workers > 1:
+    role: WorkerRole | None = args.worker_role
+    configure_logging(
+        level=config.log_level,
+        fmt=config.log_format,
+        worker=role.index if role is not None else None,
+    )
+    if role is None and workers > 1:
         return _run(_supervise(args.config, config, workers)) or 0
     try:
-        _run(_serve(args.config.parent, config, role=args.worker_role))
+        _run(_serve(args.config.parent, config, role=role))
     except ConfigError as e:
         print(f"vwserver: invalid configuration: {e}", file=sys.stderr)
         return 2

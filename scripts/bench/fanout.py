@@ -20,7 +20,8 @@ keyed ``fanout.w<N>.…`` for N > 1). Each worker has its own cache, so the upst
 N + 1 watches; CPU per delivery is summed over the workers, and the RSS of each is printed
 (the watchers spread over the workers by the kernel). Throughput is printed as deliveries per
 second over the run's span (first write to last delivery): with ``--fanout-spacing 0`` the
-writes go back to back and it is what vwserver sustains, else what the writer asked for.
+writes go back to back (a burst: the latencies then include the queueing) and it is what
+vwserver sustains, else what the writer asked for.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from clients import WatchClient, watch_client
 
 
 def spacing_for(watchers: int, base: float) -> float:
-    """Seconds between two writes: long enough for the previous change to reach everyone."""
-    return base + watchers * 0.0003
+    """Seconds between two writes: long enough for the previous change to reach everyone
+    (``base`` 0: none, a burst — for throughput, not latency)."""
+    return base + watchers * 0.0003 if base > 0 else 0.0
 
 
 async def bench_fanout(

@@ -14,11 +14,13 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import trustme
 from aiohttp import web
 
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
@@ -27,6 +29,7 @@ from tests.integration.test_shutdown import ALICE, config_doc, fake_kcp
 from tests.support.metrics import per_worker
 from tests.support.procfs import alive, children
 from tests.support.vwserver_process import Reaper, ServedProcess, reaper, vwserver_process
+from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL as TLS_POLL
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.controller.handoff import Handoff, HandoffRelay
@@ -136,6 +139,44 @@ async def test_two_workers_serve_every_read_and_both_take_connections(
                 assert {row["worker"] for row in rows} <= {0, 1} and rows
 
 
+async def test_every_worker_follows_a_certificate_rotation(tmp_path: Path, reaper: Reaper) -> None:
+    """Every worker polls the same files (vwserver.auth.tls): after a rotation, fresh
+    connections — spread over both workers — get the new certificate, and a watch opened
+    before it goes on."""
+    async with two_workers(tmp_path, reaper) as (fake, served), session(served) as s:
+        watch = await s.get(slice_url(served), params={"watch": "1"})
+        await asyncio.wait_for(watch.content.readline(), WAIT)
+        rotated = trustme.CA()
+        cert = rotated.issue_cert("127.0.0.1")
+        cert.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+        cert.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+        trusting = ssl.create_default_context()
+        rotated.configure_trust(trusting)
+        before = await counted(served, "vwserver_requests_total", verb="get")
+        streak = 0
+        async with asyncio.timeout(3 * TLS_POLL + WAIT):
+            while streak < CONNECTIONS:  # in a row, each on a connection of its own
+                try:
+                    async with (
+                        aiohttp.ClientSession(
+                            connector=aiohttp.TCPConnector(ssl=trusting, force_close=True),
+                            headers=ALICE,
+                        ) as fresh,
+                        fresh.get(slice_url(served, name="p1")) as r,
+                    ):
+                        assert r.status == 200
+                        streak += 1
+                except aiohttp.ClientConnectorCertificateError:
+                    streak = 0
+                    await asyncio.sleep(0.2)
+        after = await counted(served, "vwserver_requests_total", verb="get")
+        assert all(after.get(w, 0) > before.get(w, 0) for w in ("0", "1")), (before, after)
+        fake.create(cluster="c1", obj=widget("p2", env="prod"))
+        event = json.loads(await asyncio.wait_for(watch.content.readline(), WAIT))
+        assert event["object"]["metadata"]["name"] == "p2"  # the old connection goes on
+        watch.release()
+
+
 async def test_sigterm_to_the_parent_drains_every_worker(tmp_path: Path, reaper: Reaper) -> None:
     async with two_workers(tmp_path, reaper) as (_, served):
         pids = await workers_of(served)
@@ -163,7 +204,10 @@ async def test_a_crashed_worker_stops_the_server_with_an_error(
         code = await asyncio.wait_for(served.process.wait(), WAIT)
         assert code != 0
         await gone(pids)
-        assert "exited with code -9; stopping the server" in served.log_tail(200)
+        log = served.log_tail(400)
+        assert "exited with code -9; stopping the server" in log
+        for index in (0, 1):  # every line of a worker names it
+            assert f"[worker {index}] vwserver.server: serving 1 static slice(s)" in log
 
 
 async def test_workers_of_a_killed_parent_stop(tmp_path: Path, reaper: Reaper) -> None:
