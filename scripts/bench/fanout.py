@@ -98,10 +98,13 @@ async def _bench_fanout(
                         if r.status != 201:
                             raise RuntimeError(f"create {name}: {r.status} {await r.text()}")
                     await asyncio.sleep(spacing_for(n, spacing))
-                # The last write has had its spacing: CPU is read before the first collect,
-                # which costs the watcher process its own scan.
-                cpu = {pid: cpu_seconds(pid) - before for pid, before in cpu.items()}
+                # The last write has had its spacing: the watcher process's CPU is read before
+                # the first collect, which costs it its own scan; vwserver's once everything
+                # is delivered (a burst is still being delivered here).
+                spent = cpu_seconds(client.pid) - cpu[client.pid]
                 arrivals = await all_delivered(client, watchers=n, events=events)
+                cpu = {pid: cpu_seconds(pid) - before for pid, before in cpu.items()}
+                cpu[client.pid] = spent
                 rss = ", ".join(f"{rss_kib(pid) / 1024:.1f}" for pid in px.server_pids)
             delivery = Delivery(watchers=n, events=events, sent=sent, arrivals=arrivals)
             add_run(
