@@ -89,9 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt=config.log_format,
         worker=role.index if role is not None else None,
     )
-    if role is None and workers > 1:
-        return _run(_supervise(args.config, config, workers)) or 0
     try:
+        if role is None and workers > 1:
+            return _run(_supervise(args.config, config, workers))
         _run(_serve(args.config.parent, config, role=role))
     except ConfigError as e:
         print(f"vwserver: invalid configuration: {e}", file=sys.stderr)

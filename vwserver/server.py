@@ -512,8 +512,6 @@ async def serve(
             cache=cache,
             handoff=handoff,
         )
-        if role is not None and controller is not None:
-            await _first(controller.synced.wait(), stop.wait())
         await _run_site(
             app,
             config,
@@ -523,6 +521,7 @@ async def serve(
             tls_reload_interval=tls_reload_interval,
             role=role,
             handoff=handoff if isinstance(handoff, Handoff) else None,
+            synced=controller.synced.wait if controller is not None else None,
         )
 
 
@@ -638,26 +637,34 @@ async def _run_site(
     tls_reload_interval: float,
     role: WorkerRole | None = None,
     handoff: Handoff | None = None,
+    synced: Callable[[], Coroutine[Any, Any, Any]] | None = None,
 ) -> None:
+    """Serve ``app`` until ``stop``, then drain. A worker (``role``) opens its Unix socket
+    first (the parent sees it starting: ``/readyz`` says why it is not ready), and the slice
+    listener only once ``synced()`` (the controller's first list of slices) returned."""
     tls = serving_tls(config, base_dir=base_dir)
-    # Leaving the block closes idle keep-alive connections (busy ones after their response),
-    # waits up to the grace period for requests in flight, cancels what is left, then closes
-    # the upstream (the app's cleanup).
-    async with (
-        listening(
-            app,
-            config.listen.host,
-            role.port if role is not None else config.listen.port,
-            limits=connection_limits(config),
-            ssl_context=tls.context if tls is not None else None,
-            metrics=app[METRICS_KEY],
-            shutdown_timeout=config.shutdown_grace_period_seconds,
-            reuse_port=role is not None,
-        ) as site,
-        _health_listener(app, config)
-        if role is None
-        else _worker_socket(app, role, handoff=handoff),
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        if role is not None:
+            await stack.enter_async_context(_worker_socket(app, role, handoff=handoff))
+            if synced is not None:
+                await _first(synced(), stop.wait())
+        # Leaving the block closes idle keep-alive connections (busy ones after their
+        # response), waits up to the grace period for requests in flight, cancels what is left,
+        # then closes the upstream (the app's cleanup).
+        site = await stack.enter_async_context(
+            listening(
+                app,
+                config.listen.host,
+                role.port if role is not None else config.listen.port,
+                limits=connection_limits(config),
+                ssl_context=tls.context if tls is not None else None,
+                metrics=app[METRICS_KEY],
+                shutdown_timeout=config.shutdown_grace_period_seconds,
+                reuse_port=role is not None,
+            )
+        )
+        if role is None:
+            await stack.enter_async_context(_health_listener(app, config))
         reload_task = (
             asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
             if tls is not None

@@ -85,6 +85,7 @@ import aiohttp
 from aiohttp import web
 
 from vwserver.config import Config
+from vwserver.errors import ConfigError
 from vwserver.listener import listening
 from vwserver.metrics import CONTENT_TYPE
 from vwserver.server import DEBUG_CACHE_PATH, WorkerRole, connection_limits, is_loopback
@@ -228,7 +229,11 @@ class Supervisor:
         """Start the workers, serve the health listener, and stop them all when ``stop`` is
         set or one exits; the exit code."""
         config = self._config
-        reserved = reserve_port(config.listen.host, config.listen.port)
+        try:
+            reserved = reserve_port(config.listen.host, config.listen.port)
+        except OSError as e:
+            where = f"{config.listen.host}:{config.listen.port}"
+            raise ConfigError("$.listen", f"cannot listen on {where}: {e.strerror or e}") from e
         sockets = Path(tempfile.mkdtemp(prefix="vwserver-workers-"))
         try:
             port = int(reserved.getsockname()[1])
@@ -298,7 +303,7 @@ class Supervisor:
             worker.process.pid,
             code,
         )
-        return code if code else 1
+        return code if code is not None and code > 0 else 1  # (killed by a signal: < 0)
 
     async def _stop_all(self) -> None:
         """SIGTERM to every worker still running; wait for them, kill what outlives its grace

@@ -3,6 +3,7 @@ metrics and readiness, the worker role, the relay's message, and the option's ch
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -132,4 +133,19 @@ def test_workers_option_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["serve", "--config", str(path), "--workers", "0"]) == 2
     assert capsys.readouterr().err == (
         "vwserver serve: --workers: 0 workers: must be between 1 and 64\n"
+    )
+
+
+def test_a_port_in_use_is_one_line_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:  # no SO_REUSEPORT: the workers cannot join it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write(tmp_path, {**good(), "listen": {"host": "127.0.0.1", "port": port}})
+        assert main(["serve", "--config", str(path), "--workers", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"vwserver: invalid configuration: $.listen: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use\n"
     )
