@@ -138,10 +138,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kcp-objects", type=counts, help="LIST object counts, kcp")
     parser.add_argument("--watchers", type=counts, help="fan-out watcher counts")
     parser.add_argument("--events", type=int, help="watch throughput: initial events")
+    parser.add_argument("--fanout-events", type=int, help="fan-out: changes written per run")
+    parser.add_argument(
+        "--fanout-spacing", type=float, help="fan-out: base seconds between writes (0: a burst)"
+    )
     parser.add_argument("--rss-watches", type=counts, help="open watches at each RSS reading")
     parser.add_argument("--get-requests", type=int, help="GETs per target, level and round")
     parser.add_argument("--repeat", type=int, help="repetitions of each timed call")
     parser.add_argument("--page-size", type=int, default=500, help="vwserver's listPageSize")
+    parser.add_argument(
+        "--workers",
+        type=counts,
+        default=(1,),
+        help="gets, fanout: vwserver's worker counts to measure (e.g. 1,2: both in one run)",
+    )
     args = parser.parse_args(argv)
     skipped = set(filter(None, args.skip.split(",")))
     if skipped - set(PARTS):
@@ -157,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "kcp_objects",
             "watchers",
             "events",
+            "fanout_events",
+            "fanout_spacing",
             "rss_watches",
             "get_requests",
             "repeat",
@@ -198,7 +210,11 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
         "list": lambda: bench_lists(results, z.objects, repeat=z.repeat, page_size=args.page_size),
         "watch": lambda: bench_watch(results, events=z.events, repeat=z.repeat),
         "fanout": lambda: bench_fanout(
-            results, z.watchers, events=z.fanout_events, spacing=z.fanout_spacing
+            results,
+            z.watchers,
+            events=z.fanout_events,
+            spacing=z.fanout_spacing,
+            workers=args.workers,
         ),
         "rss": lambda: bench_rss(results, z.rss_watches, settle=z.rss_settle),
         "gets": lambda: bench_gets(
@@ -207,6 +223,7 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
             requests=z.get_requests,
             rounds=z.get_rounds,
             install_nginx=args.nginx == "install",
+            workers=args.workers,
         ),
         "kcp": lambda: bench_kcp(results, z.kcp_objects, repeat=z.repeat, page_size=args.page_size),
     }

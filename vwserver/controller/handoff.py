@@ -31,13 +31,22 @@ lost finalizer.
 The loop scans the objects of the running shared resources every ``interval`` seconds (it does
 not subscribe: a resource nobody reads still stops when idle; a move is then seen when the
 first reader starts it again, and shown from then on).
+
+**Several workers** (``vwserver serve --workers N``, :mod:`vwserver.workers`): each process has
+its own cache, and worker 0 alone runs this loop — one writer per server, so that N processes
+do not each spend a write (and a failed test) on every move. A loop can only scan what its own
+cache runs, and a client's reads may all land on another worker; so every other worker runs a
+:class:`HandoffRelay` instead, which tells worker 0 every ``interval`` which resources it runs
+(worker 0 keeps them running as if read: :meth:`Handoff.keep`) and forwards at once the wake of
+a read that found an unrecorded move. Replicas (other pods) still each run their own loop; their
+writes race safely as described above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -245,6 +254,20 @@ class Handoff:
                 waiter.cancel()
             await asyncio.gather(sleep, woken, return_exceptions=True)
 
+    async def keep(self, resources: Iterable[tuple[str, str]]) -> int:
+        """Run the shared resources ``(upstream, API path)`` that another worker of this server
+        runs, as if read now (started if need be, idle from now), so that this loop scans them;
+        only those of an upstream some route serves. How many were kept."""
+        served = self._routes.table.upstreams()
+        kept = 0
+        for upstream, api_path in resources:
+            if upstream.rstrip("/") not in served:
+                continue
+            resource = await self._registry.acquire(upstream=upstream, api_path=api_path)
+            self._registry.release(resource)
+            kept += 1
+        return kept
+
     def stuck(self, sid: str) -> StuckHolds | None:
         """The holds of slice ``sid`` that have been leaving for longer than ``stuck_after``,
         as of the last full scan (None: none)."""
@@ -313,8 +336,12 @@ class Handoff:
             # scan decides again on the new version.
             self._failed[key] = meta.resource_version
             log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
+            if self._metrics is not None:
+                self._metrics.handoff_writes.labels("failed").inc()
             return
         self._failed.pop(key, None)
+        if self._metrics is not None:
+            self._metrics.handoff_writes.labels("made").inc()
         for sid in decision.recorded:
             log.info(
                 "object %s/%s (logical cluster %s) is leaving slice %s",
@@ -365,3 +392,69 @@ def object_path(resource: SharedResource, *, cluster: str, namespace: str, name:
     prefix, _, plural = resource.api_path.rpartition("/")
     scope = f"/namespaces/{namespace}" if namespace else ""
     return f"{resource.upstream}/clusters/{cluster}{prefix}{scope}/{plural}/{name}"
+
+
+class HandoffRelay:
+    """A worker's part in the handoff when worker 0 is the server's one handoff writer (module
+    doc): every ``interval`` seconds, and at once when woken, ``send`` worker 0 the resources
+    this worker's cache runs and whether a read found an unrecorded move. ``send`` returns
+    False when worker 0 did not take the message (it is starting, or stopping): the next turn
+    sends again."""
+
+    def __init__(
+        self,
+        *,
+        registry: CacheRegistry,
+        send: Callable[[dict[str, Any]], Awaitable[bool]],
+        clock: Clock,
+        interval: float = 2.0,
+    ) -> None:
+        self._registry = registry
+        self._send = send
+        self._clock = clock
+        self._interval = interval
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """A read found an object leaving a slice whose move is not recorded yet."""
+        self._wake.set()
+
+    def message(self) -> dict[str, Any]:
+        woken = self._wake.is_set()
+        self._wake.clear()
+        running = sorted(
+            {(r.upstream, r.api_path) for r in self._registry.resources() if not r.stopped}
+        )
+        return {"resources": [list(r) for r in running], "wake": woken}
+
+    async def run(self) -> None:
+        while True:
+            await self._send(self.message())
+            await asyncio.sleep(_MIN_GAP)
+            sleep = asyncio.ensure_future(self._clock.sleep(self._interval))
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in (sleep, woken):
+                    waiter.cancel()
+                await asyncio.gather(sleep, woken, return_exceptions=True)
+
+
+def relayed(message: object, *, limit: int = 10_000) -> tuple[list[tuple[str, str]], bool]:
+    """A :class:`HandoffRelay` message as worker 0 reads it: (resources, wake); anything of
+    another shape is dropped (ValueError)."""
+    if not isinstance(message, dict):
+        raise ValueError("not an object")
+    resources = message.get("resources")
+    wake = message.get("wake")
+    if not isinstance(resources, list) or len(resources) > limit or not isinstance(wake, bool):
+        raise ValueError(f"resources must be a list of at most {limit}, wake a boolean")
+    out: list[tuple[str, str]] = []
+    for item in resources:
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise ValueError("each resource is [upstream, API path]")
+        out.append((item[0], item[1]))
+    return out, wake
