@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -55,10 +55,13 @@ from vwserver.holds import (
     Hold,
     annotation_pointer,
     effective_holds,
+    holder_label_changes,
     implied_labels,
+    label_pointer,
     parse_holds,
     render_holds,
 )
+from vwserver.k8s.client import KubeClient
 from vwserver.metrics import ServerMetrics
 from vwserver.routes import Routes
 from vwserver.selector import Selector
@@ -89,6 +92,11 @@ class Decision:
     """(slice id, finalizers removed, reason) of each hold that ends."""
     recorded: list[str]
     """Slice ids whose ``leavingSince`` is recorded now."""
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    """The holder labels to set (None: remove) so that they name exactly the holders of the
+    new annotation (:func:`vwserver.holds.holder_label_changes`): written with it, and also
+    alone — a label missing from an entry written before the labels existed, or removed in kcp,
+    is repaired."""
 
 
 def decide(
@@ -152,7 +160,8 @@ def decide(
     new_finalizers = [f for f in present if f not in removed] if removed else None
     value = render_holds(holds)
     holds_changed = value != render_holds(recorded)  # as written, whatever its spacing
-    if not holds_changed and new_finalizers is None and release is None:
+    label_changes = holder_label_changes(labels, value)
+    if not holds_changed and new_finalizers is None and release is None and not label_changes:
         return None
     return Decision(
         finalizers=new_finalizers,
@@ -160,6 +169,7 @@ def decide(
         remove_release=release is not None,
         ended=ended,
         recorded=started,
+        labels=label_changes,
     )
 
 
@@ -172,8 +182,11 @@ def _parse_time(text: str) -> datetime | None:
     return moment if moment.tzinfo is not None else None
 
 
-def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> list[Any]:
-    """The conditional JSON patch that carries out ``decision``."""
+def patch_for(
+    decision: Decision, *, resource_version: str, had_holds: bool, had_labels: bool = True
+) -> list[Any]:
+    """The conditional JSON patch that carries out ``decision`` (``had_labels``: the object
+    has a labels map)."""
     ops: list[Any] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
     ]
@@ -187,6 +200,16 @@ def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> 
         ops.append({"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)})
     if decision.remove_release:
         ops.append({"op": "remove", "path": annotation_pointer(RELEASE_ANNOTATION)})
+    if not had_labels:
+        added = {k: v for k, v in decision.labels.items() if v is not None}
+        if added:
+            ops.append({"op": "add", "path": "/metadata/labels", "value": added})
+        return ops
+    for key, value in decision.labels.items():
+        if value is None:
+            ops.append({"op": "remove", "path": label_pointer(key)})
+        else:
+            ops.append({"op": "add", "path": label_pointer(key), "value": value})
     return ops
 
 
@@ -304,16 +327,32 @@ class Handoff:
             decision,
             resource_version=str(meta.resource_version),
             had_holds=HOLDS_ANNOTATION in meta.annotations,
+            had_labels=bool(meta.labels),  # "add" of the whole map also replaces an empty one
         )
         path = object_path(resource, cluster=meta.cluster, namespace=meta.namespace, name=meta.name)
+        client = self._registry.client
         try:
-            await self._registry.client.request("PATCH", path, body=ops, content_type=JSON_PATCH)
-        except (ApiError, UpstreamUnavailable) as e:
-            # A failed test (the object changed since it was scanned) answers 422; the next
-            # scan decides again on the new version.
+            await client.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        except ApiError as e:
+            # kcp refused it, nothing was written: a failed test (the object changed since it
+            # was scanned) answers 422; the next scan decides again on the new version.
             self._failed[key] = meta.resource_version
             log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
             return
+        except UpstreamUnavailable as e:
+            # No answer (a timeout, a connection lost): kcp may have carried the write out all
+            # the same. Its outcome is read back, so that an ended hold is counted (and logged)
+            # once it is — the next scan sees it ended and has nothing left to decide.
+            if not await self._carried_out(client, path, decision, meta):
+                self._failed[key] = meta.resource_version
+                log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
+                return
+            log.info(
+                "handoff write to %s/%s answered no more (%s), but made",
+                meta.namespace,
+                meta.name,
+                e,
+            )
         self._failed.pop(key, None)
         for sid in decision.recorded:
             log.info(
@@ -338,6 +377,44 @@ class Handoff:
             )
             if self._metrics is not None:
                 self._metrics.holds_ended.labels(reason).inc()
+
+    async def _carried_out(
+        self, client: KubeClient, path: str, decision: Decision, meta: Meta
+    ) -> bool:
+        """Whether the object at ``path`` now shows ``decision`` carried out (its write's
+        answer was lost); False when that cannot be read either."""
+        try:
+            now = await client.get(path)
+        except (ApiError, UpstreamUnavailable) as e:
+            log.info("handoff: %s/%s not read back: %s", meta.namespace, meta.name, e)
+            return False
+        return now is not None and carried_out(decision, before=meta, after=now)
+
+
+def carried_out(decision: Decision, *, before: Meta, after: Mapping[str, Any]) -> bool:
+    """Whether object ``after`` (read back from kcp) is ``before`` with ``decision`` carried
+    out: a newer version in which every ended hold's entry and finalizers are gone, every
+    recorded leave is recorded, the release annotation is gone when it was to go, and the
+    holder labels are as decided (pure)."""
+    metadata = after.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    if str(metadata.get("resourceVersion") or "") in ("", str(before.resource_version)):
+        return False
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    finalizers = set(metadata.get("finalizers") or ())
+    if not isinstance(annotations, dict) or not isinstance(labels, dict):
+        return False
+    holds = parse_holds(annotations.get(HOLDS_ANNOTATION))
+    for sid, removed, _reason in decision.ended:
+        if sid in holds or finalizers.intersection(removed):
+            return False
+    if any(not (sid in holds and holds[sid].leavingSince) for sid in decision.recorded):
+        return False
+    if decision.remove_release and RELEASE_ANNOTATION in annotations:
+        return False
+    return all(labels.get(k) == v for k, v in decision.labels.items())
 
 
 def _labels_before(
