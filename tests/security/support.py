@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml

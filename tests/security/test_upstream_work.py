@@ -284,9 +284,12 @@ async def run_example(world: World, ex: Example) -> None:
         # (c) every upstream LIST named the slice, with the client's selectors
         lists = [r for r in world.fake.faults.requests if r.path.endswith("/widgets")]
         assert len(lists) == cost, lists
-        assert unselected_lists(
-            [r.query for r in lists], slice_selector=MEMBER.selector, holder=holder
-        ) == [], lists
+        assert (
+            unselected_lists(
+                [r.query for r in lists], slice_selector=MEMBER.selector, holder=holder
+            )
+            == []
+        ), lists
         for r in lists:
             if ex.wildcard:
                 assert r.query.get("fieldSelector") == fields, r.query
