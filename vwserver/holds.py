@@ -12,7 +12,12 @@ to look like that to A, and B is held back until A has let go:
   the annotation :data:`HOLDS_ANNOTATION` (JSON: ``{"<slice cluster>/<slice name>":
   {"finalizers": [...], "leavingSince": "<RFC 3339>", "leavingLabels": {...}}}``), written by
   the proxy in the same request that adds the finalizer. kcp is the only persistence: every
-  replica, and a restarted one, computes the same views from the object alone.
+  replica, and a restarted one, computes the same views from the object alone. Beside it, one
+  label per holder (:func:`holder_label`), changed in the same write as the annotation
+  (:attr:`WritePlan.labels`, :func:`holder_label_changes`): kcp's label selectors cannot read
+  the annotation, and a LIST kcp answers asks for "held by this slice" with the label
+  (:mod:`vwserver.proxy.lists`). The annotation stays the authority — a stray label costs a
+  filtered row; a missing one hides the hold from such a LIST until the handoff loop repairs it.
 * **Membership** (:func:`sees`): slice S sees object O iff (O's labels match S and no slice
   that holds O is letting go of it — stopped matching O, or its leave was recorded) or S holds
   O. An entry counts only while one of its finalizers is still on the object, so a stale entry

@@ -176,3 +176,40 @@ def test_carried_out_reads_the_decision_off_the_object() -> None:
     assert not carried_out(decision, before=meta, after=still_held)
     label_left = {"metadata": {**done["metadata"], "labels": {holder_label("ws/a"): "true"}}}
     assert not carried_out(decision, before=meta, after=label_left)
+
+
+class Unreadable(LostAnswers):
+    """As :class:`LostAnswers`, and kcp cannot be read either."""
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        raise UpstreamUnavailable("kcp:6443 unreachable: TimeoutError()")
+
+
+async def test_an_unconfirmed_write_is_counted_from_the_next_version_the_cache_shows() -> None:
+    clock = FakeClock()
+    since = clock.now().isoformat().replace("+00:00", "Z")
+    clock.advance(61)
+    metrics = ServerMetrics()
+    handoff, resource, _ = loop(clock, leaving_object(since), route=route_a(hold_timeout=60.0))
+    client = Unreadable(None)
+    handoff._registry = cast(Any, SimpleNamespace(client=client))
+    handoff._metrics = metrics
+
+    def ended() -> float:
+        value = metrics.registry.get_sample_value(
+            "vwserver_handoff_holds_ended_total", {"reason": "timeout"}
+        )
+        return value or 0.0
+
+    await handoff.scan(resource)
+    await handoff.scan(resource)  # the same version: no second write, nothing known yet
+    assert len(client.patches) == 1 and ended() == 0.0
+    made = json.loads(leaving_object(since))
+    meta = made["metadata"]
+    meta.update(resourceVersion="6", finalizers=[], labels={"region": "b"})
+    del meta["annotations"][HOLDS_ANNOTATION]
+    resource.store = SimpleNamespace(snapshot=lambda: [entry(json.dumps(made).encode())])
+    await handoff.scan(resource)
+    assert ended() == 1.0 and len(client.patches) == 1
+    await handoff.scan(resource)
+    assert ended() == 1.0

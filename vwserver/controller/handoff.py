@@ -20,13 +20,20 @@ things do, and this loop makes them from what the shared watch cache holds:
 * **The operator's escape hatch.** ``sync.edge-connect.eu/release: <slice cluster>/<slice
   name>`` (or ``*``) set directly on the object in kcp ends those holds the same way.
 
+Each of these writes also sets the holder labels (:func:`vwserver.holds.holder_label`) to
+the entries it leaves; an object whose labels do not match its entries (a label removed in kcp,
+an entry written before the labels existed) gets a write that repairs them alone.
+
 Ended holds are logged (the audit trail: object, slice, finalizers, why) and counted in
 ``vwserver_handoff_holds_ended_total{reason}``; holds that have been leaving for longer than
 ``stuck_after`` are counted per slice (:meth:`Handoff.stuck`) for the slice's ``HoldsReleased``
 condition. Every write is one JSON patch that starts with
 a ``test`` of the resourceVersion the decision was made on, so replicas racing each other, or a
 client's write in between, cost a failed test and a new decision on the next scan — never a
-lost finalizer.
+lost finalizer. A write whose answer never came (a timeout, a dropped connection: kcp may have
+made it) is read back, and counted and logged once the object shows it made
+(:func:`carried_out`): the next scan finds nothing left to end, so counting only kcp's answers
+missed such holds.
 
 The loop scans the objects of the running shared resources every ``interval`` seconds (it does
 not subscribe: a resource nobody reads still stops when idle; a move is then seen when the
@@ -238,6 +245,9 @@ class Handoff:
         self._failed: dict[tuple[str, str, str, str], int] = {}
         """Objects whose last write failed, by (resource, key): the resourceVersion it was
         decided on, so that an object is retried only once it changed."""
+        self._unconfirmed: dict[tuple[str, str, str, str], tuple[Decision, Meta]] = {}
+        """Objects whose last write got no answer and could not be read back: the decision
+        and the version it was made on (the cache's next version tells)."""
 
     def wake(self) -> None:
         """Scan now: a read found an object leaving a slice whose move is not recorded yet (so
@@ -288,8 +298,13 @@ class Handoff:
     async def scan(self, resource: SharedResource) -> None:
         """Carry out what every object of ``resource`` needs now."""
         now = self._clock.now()
+        unconfirmed = {k for k in self._unconfirmed if k[0] == resource.url}
         for entry in resource.store.snapshot():
             meta = entry.meta
+            if unconfirmed:
+                seen = (resource.url, *entry_key(entry))
+                unconfirmed.discard(seen)
+                self._confirm(seen, meta, resource)
             annotations = meta.annotations
             if HOLDS_ANNOTATION not in annotations and RELEASE_ANNOTATION not in annotations:
                 continue
@@ -309,6 +324,28 @@ class Handoff:
             if self._failed.get(key) == meta.resource_version:
                 continue
             await self._write(resource, entry, decision, key)
+        for key in unconfirmed:  # gone from the cache (deleted): its outcome stays unknown
+            self._unconfirmed.pop(key, None)
+
+    def _confirm(
+        self, key: tuple[str, str, str, str], meta: Meta, resource: SharedResource
+    ) -> None:
+        """An object whose last write got no answer and could not be read back either: once
+        the cache shows a newer version, that version says whether the write was made."""
+        waiting = self._unconfirmed.get(key)
+        if waiting is None or meta.resource_version == waiting[1].resource_version:
+            return
+        del self._unconfirmed[key]
+        decision, before = waiting
+        if _made(
+            decision,
+            before=before,
+            version=str(meta.resource_version),
+            annotations=meta.annotations,
+            labels=meta.labels,
+            finalizers=meta.finalizers,
+        ):
+            self._done(resource, before, decision)
 
     def _timeout_of(self, sid: str) -> float | None:
         cluster, _, name = sid.partition("/")
@@ -342,18 +379,26 @@ class Handoff:
         except UpstreamUnavailable as e:
             # No answer (a timeout, a connection lost): kcp may have carried the write out all
             # the same. Its outcome is read back, so that an ended hold is counted (and logged)
-            # once it is — the next scan sees it ended and has nothing left to decide.
-            if not await self._carried_out(client, path, decision, meta):
+            # once it is — the next scan sees it ended and has nothing left to decide; when
+            # the read fails too, the cache's next version of the object says.
+            made = await self._read_back(client, path, decision, meta)
+            if not made:
                 self._failed[key] = meta.resource_version
+                if made is None:
+                    self._unconfirmed[key] = (decision, meta)
                 log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
                 return
             log.info(
-                "handoff write to %s/%s answered no more (%s), but made",
+                "handoff write to %s/%s got no answer (%s), but was made",
                 meta.namespace,
                 meta.name,
                 e,
             )
         self._failed.pop(key, None)
+        self._done(resource, meta, decision)
+
+    def _done(self, resource: SharedResource, meta: Meta, decision: Decision) -> None:
+        """Log (and count) what a write that was made did."""
         for sid in decision.recorded:
             log.info(
                 "object %s/%s (logical cluster %s) is leaving slice %s",
@@ -378,16 +423,16 @@ class Handoff:
             if self._metrics is not None:
                 self._metrics.holds_ended.labels(reason).inc()
 
-    async def _carried_out(
+    async def _read_back(
         self, client: KubeClient, path: str, decision: Decision, meta: Meta
-    ) -> bool:
+    ) -> bool | None:
         """Whether the object at ``path`` now shows ``decision`` carried out (its write's
-        answer was lost); False when that cannot be read either."""
+        answer was lost); None when that cannot be read either."""
         try:
             now = await client.get(path)
         except (ApiError, UpstreamUnavailable) as e:
             log.info("handoff: %s/%s not read back: %s", meta.namespace, meta.name, e)
-            return False
+            return None
         return now is not None and carried_out(decision, before=meta, after=now)
 
 
@@ -399,16 +444,36 @@ def carried_out(decision: Decision, *, before: Meta, after: Mapping[str, Any]) -
     metadata = after.get("metadata")
     if not isinstance(metadata, dict):
         return False
-    if str(metadata.get("resourceVersion") or "") in ("", str(before.resource_version)):
-        return False
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
-    finalizers = set(metadata.get("finalizers") or ())
+    finalizers = metadata.get("finalizers") or ()
     if not isinstance(annotations, dict) or not isinstance(labels, dict):
         return False
+    return _made(
+        decision,
+        before=before,
+        version=str(metadata.get("resourceVersion") or ""),
+        annotations=annotations,
+        labels=labels,
+        finalizers=[f for f in finalizers if isinstance(f, str)],
+    )
+
+
+def _made(
+    decision: Decision,
+    *,
+    before: Meta,
+    version: str,
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    finalizers: Iterable[str],
+) -> bool:
+    if version in ("", str(before.resource_version)):
+        return False
+    present = set(finalizers)
     holds = parse_holds(annotations.get(HOLDS_ANNOTATION))
     for sid, removed, _reason in decision.ended:
-        if sid in holds or finalizers.intersection(removed):
+        if sid in holds or present.intersection(removed):
             return False
     if any(not (sid in holds and holds[sid].leavingSince) for sid in decision.recorded):
         return False
