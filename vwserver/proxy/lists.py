@@ -35,9 +35,10 @@ does not). A page is empty only at the end of the list.
 
 Work is bounded: a client page (``limit``) costs the first page of each stream with the client's
 limit, then — only when entries the slice does not see (an object another slice is letting go
-of, a stray holder label) leave it short — further pages of at least ``listPageSize``, at most
-:data:`FILL_ROUNDS` reads more once the page holds an entry (then a short page with a token,
-which the list contract allows), and the one re-read: :data:`MAX_UPSTREAM_PAGES`. A client that
+of, a stray holder label) leave it short — further pages of at least ``listPageSize``; once the
+page holds an entry, :data:`FILL_ROUNDS` reads in all plus the second stream's first page (then
+a short page with a token, which the list contract allows), and the one re-read:
+:data:`MAX_UPSTREAM_PAGES`. A client that
 pages nothing is served by paging each stream with ``listPageSize`` and writing the merged
 entries as they come (memory: two pages per stream).
 
@@ -91,8 +92,8 @@ from vwserver.selector import Selector
 log = logging.getLogger(__name__)
 
 FILL_ROUNDS: Final = 3
-"""Upstream pages read at most for one client page once it holds an entry (a second stream adds
-its first page)."""
+"""Upstream pages read at most for one client page once it holds an entry, the first page among
+them (a second stream adds its own first page)."""
 MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 2
 """Upstream LISTs one client page of a slice that records holds costs at most, beyond pages of
 objects the slice does not see before its first entry: the held stream's first page, the fill
