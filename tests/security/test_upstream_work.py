@@ -382,3 +382,37 @@ async def test_a_namespace_field_selector_on_a_cluster_scoped_resource_is_asked_
                 paths = [r.path.split(f"/{API}", 1)[1] for r in fake.faults.requests]
                 narrowed = ["/namespaces/ns1/gadgets"] if names == [] else []
                 assert paths == [*narrowed, "/gadgets"], paths
+
+
+async def test_every_pass_through_read_names_the_slice(world: World) -> None:
+    """The other pass-through reads of a slice that records holds ask kcp with the slice's
+    selector too: a watch the cache does not serve (a deprecated ``/watch/`` path), a LIST of
+    every shape the cache leaves to kcp (YAML, a namespace field selector), a
+    deletecollection's list — no upstream LIST or WATCH without the slice's selector or its
+    holder label."""
+    prefix = f"{world.base}/services/filtered-apiexport/{SLICE_CLUSTER}/a/clusters/c1/{API}"
+    reads = [
+        ("GET", f"{prefix}/watch/namespaces/w0/widgets", {"timeoutSeconds": "1"}, {}),
+        ("GET", f"{prefix}/widgets", {"limit": "3"}, {"Accept": "application/yaml"}),
+        ("GET", f"{prefix}/widgets", {"fieldSelector": "metadata.namespace=w0"}, {}),
+        ("DELETE", f"{prefix}/namespaces/w0/widgets", {"labelSelector": "tier=none"}, {}),
+    ]
+    holder = holder_label(MEMBER.id)
+    for method, url, params, headers in reads:
+        world.fake.faults.requests.clear()
+        async with world.session.request(method, url, params=params, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+        # (the shared cache's own list and watch, on clusters/*, which a deletecollection's
+        # dependents check may start, read everything by design: it serves every slice)
+        asked = [
+            r.query
+            for r in world.fake.faults.requests
+            if r.path.endswith("/widgets") and "/clusters/*/" not in r.path
+        ]
+        assert asked, (method, url)
+        assert unselected_lists(asked, slice_selector=MEMBER.selector, holder=holder) == [], (
+            method,
+            url,
+            asked,
+        )
