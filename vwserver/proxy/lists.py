@@ -78,6 +78,7 @@ from vwserver.proxy.filtering import (
     decode_page,
     list_fields,
     list_header,
+    shows,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -249,7 +250,17 @@ class _Lister:
         slice sees and the client's selector takes; of the held stream only those the selected
         stream does not have."""
         page = read.page
-        shown = page.indexed_members(self.ctx.member, self.client)
+        member = self.ctx.member
+        if self.ctx.records_holds:
+            shown = page.indexed_members(member, self.client)
+        else:
+            # A slice that records no holds sees an object by its selector (and the holds of
+            # others): the plain check, as for a watch kcp answers.
+            shown = [
+                (i, e)
+                for i, (e, meta) in enumerate(zip(page.entries, page.metas, strict=True))
+                if meta is not None and shows(self.selected, member, meta)
+            ]
         if st.kind == HELD:
             metas, selected = page.metas, self.selected.matches
             shown = [(i, e) for i, e in shown if not selected(_labels(metas[i]))]
