@@ -1225,8 +1225,11 @@ async def test_release_annotation_ends_a_hold(bed: Bed) -> None:
         assert (
             added["object"]["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
         )
-        # The handoff loop counts the hold after kcp has answered its write, and b's watch
-        # can deliver that write's event first: wait for the count, then check it is one.
+        # The handoff loop counts the hold once its write is known to be made — kcp's answer,
+        # or (that answer lost to a timeout while kcp made the write) the object read back or
+        # its next version in the cache — and b's watch can deliver that write's event first:
+        # wait for the count, then check it is exactly one (a count per attempt, or none for
+        # a lost answer, would fail here).
         sample = 'vwserver_handoff_holds_ended_total{reason="released"}'
 
         async def counted() -> float | None:
