@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
@@ -142,6 +143,7 @@ async def test_kcp_s_current_resource_version_is_at_least_every_completed_write(
             assert int(meta["resourceVersion"]) >= _rv(written)
 
 
+@pytest.mark.timeout(120 + ITERATIONS)  # a round takes ~0.1-0.3 s on the test machine
 async def test_a_consistent_list_is_never_older_than_a_completed_write(
     kcp: KcpInstance, world: Bootstrap, observe: Any
 ) -> None:
@@ -213,6 +215,9 @@ async def test_a_consistent_list_is_never_older_than_a_completed_write(
     )
     assert not stale, f"{len(stale)} stale lists, first: {stale[:5]}"
     assert served + fallback == ITERATIONS
+    # The other workspace's widget writes keep the cache's own stream moving: the proof holds
+    # for most reads (so both paths were checked).
+    assert served > 0
 
 
 async def test_a_watch_from_a_consistent_list_continues_it(
