@@ -62,20 +62,22 @@ log = logging.getLogger(__name__)
 # (tests/e2e/test_consistent_list_kcp.py; figures from the loaded 2-core test machine):
 #
 # * kcp's current resourceVersion X is at least that of every write completed before it is
-#   asked for, to any resource: a one-item LIST (``limit=1``, ~4 ms at 10k objects when kcp's
-#   cache is current) or a watch-list (``sendInitialEvents=true``,
+#   asked for, to any resource: a one-item LIST (``limit=1``, 4-7 ms at 10k objects when kcp's
+#   cache is current; the cheapest) or a watch-list (``sendInitialEvents=true``,
 #   ``resourceVersionMatch=NotOlderThan``) whose selector matches nothing, which sends only the
-#   ``k8s.io/initial-events-end`` BOOKMARK at X (~7 ms, and it costs a connection: the stream
-#   must be cut). After a write to another resource both wait ~90 ms for kcp's own cache (a
-#   direct consistent LIST waits as long).
+#   ``k8s.io/initial-events-end`` BOOKMARK at X (7-13 ms, and it costs a connection: the
+#   stream must be cut); a LIST whose selector matches nothing, 10-17 ms (kcp filters every
+#   object). Right after a write to another resource every one of them may wait ~90 ms for
+#   kcp's own cache to catch up (a direct consistent LIST waits as long).
 # * X counts every write of the shard (etcd's revision): other resources and workspaces move
 #   it without an event on this resource's stream, which then reaches X only with its next
 #   event or kcp's bookmark (about once a minute; none before a watch's deadline; an idle kcp
 #   writes something of its own about every 10 s).
 # * Two watches are not ordered with each other: a watch-list's bookmark at X arrived BEFORE
-#   another watch of the same resource had delivered its events <= X in ~35% of probes under
-#   concurrent writes (they followed 0.5-12 ms later). "kcp is at X" says nothing about where
-#   the reflector's stream is.
+#   another watch of the same resource had delivered its events <= X in 2-35% of probes under
+#   concurrent writes (35% at 1.5k objects, 2% at 10k, where the probe itself takes longer;
+#   the events followed 0.5-12 ms later). "kcp is at X" says nothing about where the
+#   reflector's stream is. (scripts/kcp/freshness_signals.py measures this and the costs.)
 # * A watch from an older resourceVersion replays this resource's events since then at once,
 #   but nothing marks the end of the replay (no bookmark follows it); a watch-list with a
 #   resourceVersion sends the matching *state*, not the changes, before its bookmark. Proofs
