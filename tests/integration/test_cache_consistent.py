@@ -167,3 +167,34 @@ async def test_a_watch_from_the_list_s_resource_version_continues_it(
                 if len(seen) == 3:
                     break
     assert seen == [("ADDED", "later"), ("MODIFIED", "w0"), ("DELETED", "w2")]
+
+
+async def test_a_read_after_an_unproven_one_goes_to_kcp_without_the_freshness_read(
+    proxy: CachedProxy,
+) -> None:
+    """Once a consistent read found kcp ahead of the stream, the next ones cannot be proven
+    before the stream moves (kcp's resourceVersion only grows): they go to kcp at once, one
+    pass-through and no one-item read. The stream's next event makes the proof worth asking
+    for again, and it holds."""
+    await synced(proxy)
+    proxy.fake.create(cluster="c1", obj=gadget("g"))
+    await get(proxy)  # unproven: kcp is ahead of the stream
+    before = len(upstream_reads(proxy))
+    for _ in range(3):
+        assert names(await get(proxy)) == ["w0", "w2", "w4"]
+    asked = upstream_reads(proxy)[before:]
+    assert asked and not any(is_probe(q) for q in asked), asked
+    # An event of this resource after kcp's known resourceVersion: the stream is there.
+    proxy.fake.create(cluster="c1", obj=widget("moved", env="prod"))
+    served = await cache_reads(proxy.session, proxy.base, verb="list", outcome="served")
+    async with asyncio.timeout(10):
+        while True:
+            before = len(upstream_reads(proxy))
+            doc = await get(proxy)
+            asked = upstream_reads(proxy)[before:]
+            if len(asked) == 1 and is_probe(asked[0]):
+                break  # proven: one one-item read, nothing else
+            await asyncio.sleep(0.05)  # the event was not on the stream yet
+    assert "moved" in names(doc)
+    after = await cache_reads(proxy.session, proxy.base, verb="list", outcome="served")
+    assert after == served + 1

@@ -206,6 +206,11 @@ async def ready(
         raise Fallback(f"cache of {ctx.api.resource} not synced: {resource.last_error}")
     loop = asyncio.get_running_loop()
     if consistency is Consistency.CONSISTENT:
+        if resource.behind_upstream and not watch:
+            # An earlier consistent read found kcp ahead of the stream, and nothing has
+            # arrived on the stream since: kcp's resourceVersion now is that one or newer, so
+            # this read could not be proven either. kcp answers it, without the freshness read.
+            raise Fallback(f"cache of {ctx.api.resource} behind kcp")
         rv = await _upstream_resource_version(ctx)
         started = loop.time()
     # ANY needs nothing more; the others need the cache at ``rv`` at least (an exact read at a
@@ -216,6 +221,8 @@ async def ready(
         and not await resource.wait_for(rv, timeout=FRESHNESS_WAIT)
         and not watch
     ):
+        if consistency is Consistency.CONSISTENT:
+            resource.upstream_at(rv)
         raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
     if consistency is Consistency.CONSISTENT:
         ctx.metrics.cache_freshness_wait.observe(loop.time() - started)
