@@ -196,6 +196,11 @@ async def bench_writes(
                                 tally.latencies += lat
                                 tally.seconds += wall
                                 tally.ops += len(lat)
+                                print(
+                                    f"  round {r_ + 1}/{rounds} {verb:<12} c={c:<3} {target:<6} "
+                                    f"{len(lat) / wall:8.1f} op/s",
+                                    flush=True,
+                                )
     runs = {key: t.run(*key) for key, t in tallies.items()}
     results.writes += runs.values()
     for verb in VERBS:
