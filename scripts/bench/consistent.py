@@ -28,7 +28,7 @@ import yaml
 from harness import SELECTOR, Proxy, cache_reads, list_once, ms, record, timed_rounds
 from harness import session as bench_session
 from kcpbench import SETTLE, create_widgets, kcp_tls_vwserver, kcp_world
-from results import ListPoint, Ratio, Results
+from results import ListPoint, Ratio, Results, over
 from writes import Meter, Tally, kcp_pid
 
 NAMESPACE = "bench-reads"
@@ -208,7 +208,7 @@ def record_consistent(
             f"consistent.{key}.{matching}",
             Ratio(
                 label=f"{what}, {matching:,} matching, slice",
-                value=seconds / base,
+                value=over(seconds, base),
                 detail=f"{ms(seconds)} vs {ms(base)} direct, {items:,} items{extra}",
                 target=target,
             ),
@@ -242,7 +242,7 @@ def record_costs(
         f"consistent.list_kcp_cpu.{matching}",
         Ratio(
             label=f"consistent LIST, {matching:,} matching, kcp CPU",
-            value=cache.kcp_cpu_ms / direct.kcp_cpu_ms if direct.kcp_cpu_ms else float("nan"),
+            value=over(cache.kcp_cpu_ms, direct.kcp_cpu_ms),
             detail=f"{cache.kcp_cpu_ms:.0f} vs {direct.kcp_cpu_ms:.0f} ms direct; kcp requests "
             f"{cache.kcp_requests:.0f} vs {direct.kcp_requests:.0f}",
         ),

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from results import Results, WriteRun
+from results import Results, WriteRun, over
 
 LIST_PATHS = ("direct", "pass-through", "cache", "cache rv=0")
 COLORS = {
@@ -258,13 +258,11 @@ def _writes(results: Results) -> Figure | None:
 
 
 def _r(runs: dict[tuple[str, str, int], WriteRun], verb: str, c: int, attr: str) -> float:
-    plain = getattr(runs[("direct", verb, c)], attr)
-    return float(getattr(runs[("slice", verb, c)], attr) / plain) if plain else 0.0
+    return over(getattr(runs[("slice", verb, c)], attr), getattr(runs[("direct", verb, c)], attr))
 
 
 def _inv_rps(runs: dict[tuple[str, str, int], WriteRun], verb: str, c: int) -> float:
-    via = runs[("slice", verb, c)].rps
-    return runs[("direct", verb, c)].rps / via if via else 0.0
+    return over(runs[("direct", verb, c)].rps, runs[("slice", verb, c)].rps)
 
 
 def _consistent(results: Results) -> Figure | None:
@@ -287,7 +285,7 @@ def _consistent(results: Results) -> Figure | None:
         style["linestyle"] = "-" if path in twins else "--"
         times.plot(xs, [s * 1000 for _, s in series], label=path, **style)
         if path in twins:
-            ratio = [s / seconds[(twins[path], x)] for x, s in series]
+            ratio = [over(s, seconds[(twins[path], x)]) for x, s in series]
             ratios.plot(xs, ratio, label=f"{path} ÷ {twins[path]}", **style)
     times.set(
         xscale="log",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from results import Regression, Results
+from results import Regression, Results, over
 
 #: Report sections: title, the ratio keys' prefixes, the plot, what the section shows.
 SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
@@ -150,9 +150,10 @@ def writes_summary(results: Results) -> list[str]:
             dh, sh = runs[("direct", verb, high)], runs[("slice", verb, high)]
         except KeyError:
             continue
-        cpu = f"{sh.kcp_cpu_ms / dh.kcp_cpu_ms:.2f}x" if dh.kcp_cpu_ms else "—"
+        cpu = f"{over(sh.kcp_cpu_ms, dh.kcp_cpu_ms):.2f}x" if dh.kcp_cpu_ms else "—"
+        rps, p50 = over(sh.rps, dh.rps), over(s1.p50_ms, d1.p50_ms)
         out.append(
-            f"| {verb.replace('_', ' ')} | {sh.rps / dh.rps:.2f} | {s1.p50_ms / d1.p50_ms:.2f}x | "
+            f"| {verb.replace('_', ' ')} | {rps:.2f} | {p50:.2f}x | "
             f"{sh.upstream_requests:.2f} | {sh.kcp_requests:.1f} / {dh.kcp_requests:.1f} | "
             f"{cpu} ({sh.kcp_cpu_ms:.2f} / {dh.kcp_cpu_ms:.2f} ms) |"
         )

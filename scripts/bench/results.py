@@ -179,6 +179,12 @@ def quantile_at(cdf: Sequence[float], q: float) -> float:
     return cdf[round(q / 100 * (len(cdf) - 1))]
 
 
+def over(a: float, b: float) -> float:
+    """``a / b``, or 0 where ``b`` is not positive (NaN would not survive results.json: msgspec
+    writes it as null); the comparison skips a previous figure of 0."""
+    return a / b if b > 0 and math.isfinite(a) else 0.0
+
+
 def describe(ratio: Ratio) -> str:
     """One printed line: label, detail, the figure and its target."""
     figure = f"{ratio.value:.2f}x" if ratio.unit == "x" else f"{ratio.value:.1f} {ratio.unit}"

@@ -30,7 +30,7 @@ import aiohttp
 from harness import Proxy, cpu_seconds, ms, record
 from harness import session as bench_session
 from kcpbench import kcp_tls_vwserver, kcp_world
-from results import Ratio, Results, WriteRun, percentile
+from results import Ratio, Results, WriteRun, over, percentile
 from scrape import KcpCounters, delta, kcp_counters, read_metrics, upstream_requests
 from write_client import VERBS
 
@@ -234,7 +234,7 @@ def record_verb(
             f"writes.{verb}.c{low}.p{q}",
             Ratio(
                 label=f"{name} at concurrency {low}, p{q}",
-                value=via / plain,
+                value=over(via, plain),
                 detail=f"{ms(via / 1000)} vs {ms(plain / 1000)} direct, {s1.ops:,} ops each",
                 target=goal,
             ),
@@ -244,8 +244,9 @@ def record_verb(
         f"writes.{verb}.c{high}.time",
         Ratio(
             label=f"{name} at concurrency {high}, time per op",
-            value=dh.rps / sh.rps,
-            detail=f"throughput {sh.rps / dh.rps:.2f}x direct: {sh.rps:,.0f} vs {dh.rps:,.0f} op/s",
+            value=over(dh.rps, sh.rps),
+            detail=f"throughput {over(sh.rps, dh.rps):.2f}x direct: "
+            f"{sh.rps:,.0f} vs {dh.rps:,.0f} op/s",
             target=goal_rps,
         ),
     )
@@ -254,7 +255,7 @@ def record_verb(
         f"writes.{verb}.kcp_cpu",
         Ratio(
             label=f"{name}, kcp CPU per op (c={high})",
-            value=sh.kcp_cpu_ms / dh.kcp_cpu_ms if dh.kcp_cpu_ms else float("nan"),
+            value=over(sh.kcp_cpu_ms, dh.kcp_cpu_ms),
             detail=f"{sh.kcp_cpu_ms:.2f} vs {dh.kcp_cpu_ms:.2f} ms direct; vwserver "
             f"{sh.proxy_cpu_ms:.2f} ms",
             target=goal_cpu,
@@ -265,7 +266,7 @@ def record_verb(
         f"writes.{verb}.kcp_requests",
         Ratio(
             label=f"{name}, kcp's own requests per op",
-            value=sh.kcp_requests / dh.kcp_requests if dh.kcp_requests else float("nan"),
+            value=over(sh.kcp_requests, dh.kcp_requests),
             detail=f"{sh.kcp_requests:.1f} vs {dh.kcp_requests:.1f} direct "
             f"(dry-runs {sh.kcp_dry_runs:.1f} vs {dh.kcp_dry_runs:.1f})",
         ),
