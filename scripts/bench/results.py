@@ -277,7 +277,10 @@ def with_earlier_parts(results: Results, earlier: Results, *, source: str) -> Re
     merged = msgspec.structs.replace(
         results,
         seconds={**results.seconds, **{p: earlier.seconds[p] for p in taken}},
-        skipped={p: why for p, why in results.skipped.items() if not old(p)},
+        # A part that failed now keeps saying so, beside the earlier figures.
+        skipped={
+            p: why for p, why in results.skipped.items() if not old(p) or why.startswith("FAILED")
+        },
         notes=[
             *results.notes,
             f"{', '.join(taken)}: from an earlier {earlier.mode} run ({earlier.taken}, "
