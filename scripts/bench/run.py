@@ -10,7 +10,7 @@ the results committed last, printing every one that got worse by more than 20 %.
     python scripts/bench/run.py --only fanout    # one part, printed (no report unless --out)
     python scripts/bench/run.py --only kcp --out /tmp/kcp   # the long part on its own, then:
     python scripts/bench/run.py --kcp-from /tmp/kcp/results.json   # the rest, one report
-    python scripts/bench/run.py --only writes,consistent --quick   # issue 23's arms (~8 min)
+    python scripts/bench/run.py --only writes,consistent --quick   # issue 23's arms, real kcp
     python scripts/bench/run.py --only writes,consistent --quick \
         --rest-from docs/bench/results.json --out docs/bench   # ... into the committed report
 
