@@ -243,10 +243,14 @@ slices:
             yield Proxy(base, proc.pid, slice_cluster, workers=pids)
 
 
-async def cache_reads(proxy: Proxy) -> dict[str, int]:
+async def cache_reads(proxy: Proxy, *, ssl_context: ssl.SSLContext | None = None) -> dict[str, int]:
     """vwserver's cache reads so far by outcome: ``served`` from the cache, or ``fallback``
     (the cache could not answer in time, and the upstream did)."""
-    async with aiohttp.ClientSession() as s, s.get(f"{proxy.base}/metrics") as r:
+    connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context else None
+    async with (
+        aiohttp.ClientSession(connector=connector) as s,
+        s.get(f"{proxy.base}/metrics") as r,
+    ):
         text = await r.text()
     reads = {"served": 0, "fallback": 0}
     for line in text.splitlines():
