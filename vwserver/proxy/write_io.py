@@ -126,9 +126,10 @@ async def execute(
     unread = fresh
     for _ in range(ATTEMPTS + (0 if fresh else 1)):
         if unread:
-            stored, fresh, unread = await _read(ctx), True, False
-            if isinstance(stored, web.StreamResponse):
-                return stored
+            read = await _read(ctx)
+            if isinstance(read, web.StreamResponse):
+                return read
+            stored, fresh, unread = read, True, False
         try:
             decision = plan(stored)
         except RequestError:

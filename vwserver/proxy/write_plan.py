@@ -35,9 +35,11 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from vwserver.errors import BadRequest, Conflict, Invalid
 from vwserver.holds import hidden_by_relabel, leaving_since, sees
-from vwserver.proxy import holding
+from vwserver.proxy import holding, patches
 from vwserver.proxy.context import WriteTarget
 from vwserver.proxy.filtering import UndecodableError, decode_head
 from vwserver.proxy.holding import Stored
@@ -49,6 +51,10 @@ STRATEGIC_PATCH: Final = "application/strategic-merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 RV_POINTER: Final = "/metadata/resourceVersion"
+# Patch types whose result the proxy computes itself (main resource: no dry run).
+LOCAL_PATCHES: Final = frozenset({MERGE_PATCH, JSON_PATCH})
+
+_encode: Final = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,20 +172,26 @@ def plan_patch(
     stored: Stored | None,
     *,
     content_type: str,
-    result: bytes,
 ) -> Decision:
-    """A merge or JSON patch of the main resource whose result on ``stored`` the proxy
-    computed itself (``result``: :mod:`vwserver.proxy.patches`, which reproduces kcp's): the
-    result must stay in the slice and visible to it (:func:`check_result`), its holds are what
-    this write makes them (:func:`vwserver.proxy.holding.plan_patch`: no client writes the
-    proxy's annotations, no slice removes a finalizer another holds while it leaves), and the
-    client's patch goes out as it is — with the holds annotation, conditional on the checked
-    resourceVersion — so kcp computes the stored result itself."""
+    """A merge or JSON patch of the main resource, without a dry run: the proxy applies it to
+    ``stored`` itself (:mod:`vwserver.proxy.patches` reproduces kcp's results and errors — a
+    patch kcp would refuse is refused with kcp's Status); the result must stay in the slice and
+    visible to it (:func:`check_result`), its holds are what this write makes them
+    (:func:`vwserver.proxy.holding.plan_patch`: no client writes the proxy's annotations, no
+    slice removes a finalizer another holds while it leaves), and the client's patch goes out
+    as it is — with the holds annotation, conditional on the checked resourceVersion — so kcp
+    computes the stored result itself, from exactly the object checked."""
     if stored is None:
         return MISSING
     since = _leaving(target, stored)
     if since is not None:
         return Leaving(since)
+    document = msgspec.json.decode(stored.body)
+    if isinstance(patch, list):
+        patched = patches.apply_json_patch(document, patch)
+    else:
+        patched = patches.apply_merge_patch(document, patch)
+    result = _encode(patched)
     if isinstance(patch, list):
         send: dict[str, Any] | list[Any] = json_patch_precondition(patch, stored)
         own = True

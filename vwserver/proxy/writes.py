@@ -213,6 +213,23 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             content_type=content_type,
             dry_run=ctx.options.get("dryRun") == "All",
         )
+    if content_type in write_plan.LOCAL_PATCHES:
+        return await write_io.execute(
+            ctx,
+            "PATCH",
+            lambda stored: write_plan.plan_patch(ctx, patch, stored, content_type=content_type),
+            leaving=lambda stored, since: holding.serve_leaving(
+                ctx,
+                stored,
+                since,
+                method="PATCH",
+                content_type=content_type,
+                data=_encoder.encode(write_plan.patch_precondition(patch, stored, ctx)),
+                client_dry_run=ctx.options.get("dryRun") == "All",
+            ),
+            content_type=content_type,
+            dry_run=ctx.options.get("dryRun") == "All",
+        )
     return await _patch_with_dry_run(ctx, patch, content_type)
 
 
