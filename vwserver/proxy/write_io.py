@@ -12,10 +12,12 @@
 3. When that precondition was the proxy's alone and fails — 409 Conflict; for a JSON patch its
    ``test`` operation, which kcp answers 422, so kcp is read and the resourceVersion compared —
    the object changed since it was read, or the cache was behind: the write is planned again
-   from a fresh GET, at most :data:`ATTEMPTS` times, then the apiserver's 409. An object
-   deleted in between answers the write 404: kcp is read again, and a missing object gets the
-   proxy's NotFound (the same as for one that never was); one that is still there, unchanged,
-   gets kcp's 404 (a subresource kcp does not serve).
+   from a fresh GET, at most :data:`ATTEMPTS` times, then the apiserver's 409. A client's own
+   precondition that fails (409) gets kcp's 409 — once kcp's read shows the object still in
+   the slice: one that left it, or is gone, is answered as missing (a conflict would tell that
+   it exists). An object deleted in between answers the write 404: kcp is read again, and a
+   missing object gets the proxy's NotFound (the same as for one that never was); one that is
+   still there, unchanged, gets kcp's 404 (a subresource kcp does not serve).
 
 Upstream requests per write: one when the cache has the object (update, status write, delete;
 a merge or JSON patch the proxy applies itself), two when it does not (a GET first), one GET
@@ -158,12 +160,17 @@ async def execute(
         if status == 409 and decision.own_precondition:
             unread = True  # the proxy's precondition failed: the object changed, or the cache
             continue  # was behind
-        if status == 404 or (status == 422 and content_type == JSON_PATCH):
+        if status in (404, 409) or (status == 422 and content_type == JSON_PATCH):
             # Deleted in between (404), or a failed test (422): the proxy's, or the client's?
             now = await _read(ctx)
             if isinstance(now, web.StreamResponse):
                 return now
-            if now is None or now.metadata.resourceVersion != stored.metadata.resourceVersion:
+            if now is None or (
+                status != 409 and now.metadata.resourceVersion != stored.metadata.resourceVersion
+            ):
+                # Gone, or left the slice: answered as missing. Changed: planned again. A
+                # client's own precondition that failed on an object still in the slice gets
+                # kcp's 409.
                 stored, fresh = now, True
                 continue
         body = response.body
