@@ -93,8 +93,9 @@ async def test_a_write_costs_one_upstream_request_when_cached(
 
 
 async def test_create_costs_one_upstream_request(servers: CachedAndDirect) -> None:
-    for base in (servers.cached, servers.direct):
-        create = Write("create", "POST", JSON, lambda _: widget("fresh-" + base[-5:]), 1, 1)
+    for i, base in enumerate((servers.cached, servers.direct)):
+        body = widget(f"fresh-{i}", env="prod")
+        create = Write("create", "POST", JSON, lambda _, body=body: body, 1, 1)
         spent, status, doc = await cost(servers.session, base, _widgets(base), create, {})
         assert status == 201, doc
         assert spent == 1
