@@ -54,16 +54,20 @@ def _blind(stored: dict[str, Any]) -> dict[str, Any]:
     return {**stored, "metadata": meta, "spec": {**stored.get("spec", {}), "size": 7}}
 
 
-def _apply(stored: dict[str, Any]) -> str:
+def _apply(stored: dict[str, Any], *, status: dict[str, Any] | None = None) -> str:
+    """An apply configuration of ``stored``: its spec's color (or, for the status
+    subresource, ``status``)."""
     meta = stored["metadata"]
-    return json.dumps(
-        {
-            "apiVersion": stored["apiVersion"],
-            "kind": stored["kind"],
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"color": "blue"},
-        }
-    )
+    config: dict[str, Any] = {
+        "apiVersion": stored["apiVersion"],
+        "kind": stored["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+    }
+    if status is None:
+        config["spec"] = {"color": "blue"}
+    else:
+        config["status"] = status
+    return json.dumps(config)
 
 
 WRITES: tuple[Write, ...] = (
@@ -86,7 +90,7 @@ WRITES: tuple[Write, ...] = (
         "status apply",
         "PATCH",
         APPLY,
-        lambda s: {**json.loads(_apply(s)), "spec": None, "status": {"phase": "d"}},
+        lambda s: _apply(s, status={"phase": "d"}),
         1,
         2,
         "/status",

@@ -10,7 +10,8 @@
    NotFound both (no existence oracle), whether or not the cache had the object.
 2. The plan's one write, conditional on the resourceVersion it checked.
 3. When that precondition was the proxy's alone and fails — 409 Conflict; for a JSON patch its
-   ``test`` operation, which kcp answers 422, so kcp is read and the resourceVersion compared —
+   ``test`` operation, which kcp answers 422, and for an apply (of ``status``) whose 409 may
+   also be a field manager's conflict, kcp is read and the resourceVersion compared —
    the object changed since it was read, or the cache was behind: the write is planned again
    from a fresh GET, at most :data:`ATTEMPTS` times, then the apiserver's 409. A client's own
    precondition that fails (409) gets kcp's 409 — once kcp's read shows the object still in
@@ -50,6 +51,7 @@ from vwserver.proxy.write_plan import (
 ATTEMPTS: Final = 3
 JSON: Final = "application/json"
 JSON_PATCH: Final = "application/json-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 _encode: Final = msgspec.json.Encoder().encode
 
@@ -157,20 +159,22 @@ async def execute(
         ) as up:
             response = await relay_whole(up)
         status = response.status
-        if status == 409 and decision.own_precondition:
+        if status == 409 and decision.own_precondition and content_type != APPLY_PATCH:
             unread = True  # the proxy's precondition failed: the object changed, or the cache
             continue  # was behind
         if status in (404, 409) or (status == 422 and content_type == JSON_PATCH):
-            # Deleted in between (404), or a failed test (422): the proxy's, or the client's?
+            # Deleted in between (404); a failed test (422); a conflict of the client's own
+            # precondition, or of an apply (its resourceVersion, or a field manager's)?
             now = await _read(ctx)
             if isinstance(now, web.StreamResponse):
                 return now
-            if now is None or (
-                status != 409 and now.metadata.resourceVersion != stored.metadata.resourceVersion
-            ):
+            changed = now is None or (
+                now.metadata.resourceVersion != stored.metadata.resourceVersion
+            )
+            if now is None or (changed and (status != 409 or decision.own_precondition)):
                 # Gone, or left the slice: answered as missing. Changed: planned again. A
-                # client's own precondition that failed on an object still in the slice gets
-                # kcp's 409.
+                # client's own precondition that failed on an object still in the slice, and
+                # an apply's field conflict, get kcp's 409.
                 stored, fresh = now, True
                 continue
         body = response.body
