@@ -2,10 +2,12 @@
 it, and no write may move an object out of it.
 
 Check-then-write is made race-free with optimistic concurrency instead of locks: the proxy reads
-the stored object, checks it against the slice, and sends the write with a precondition on what it
-checked — the stored ``resourceVersion`` for updates and patches, ``preconditions.uid`` and
-``preconditions.resourceVersion`` for deletes. If the object changed in between, the upstream
-answers 409 and the proxy checks again (a few times) rather than writing blind.
+the stored object (from the shared watch cache when it has it), checks it against the slice, and
+sends the write with a precondition on what it checked — the stored ``resourceVersion`` for
+updates and patches, ``preconditions.uid`` and ``preconditions.resourceVersion`` for deletes. If
+the object changed in between (or the cache was behind), the upstream answers 409 and the proxy
+checks again from kcp's own read (a few times) rather than writing blind. The rules are one pure
+plan per verb (:mod:`vwserver.proxy.write_plan`); :mod:`vwserver.proxy.write_io` does the I/O.
 
 The precondition is the proxy's, whatever the client sends: a client cannot switch it off.
 
@@ -16,7 +18,7 @@ The precondition is the proxy's, whatever the client sends: a client cannot swit
 * A JSON patch always starts with the proxy's ``test`` of ``/metadata/resourceVersion``, and any
   other operation that writes ``/metadata/resourceVersion``, ``/metadata`` or the whole document
   (``copy``/``move``/``replace``/``add``/``remove``) is refused with 422: it could change the
-  version the precondition is checked against between the dry run and the write.
+  version the precondition is checked against.
 * JSON-patch pointers are read as RFC 6901 says (kcp's JSON patch ignores what precedes the
   first ``/``, so ``x/metadata/resourceVersion`` would alias ``/metadata/resourceVersion``):
   anything else is 422, and the checks compare decoded reference tokens.
@@ -29,10 +31,14 @@ The precondition is the proxy's, whatever the client sends: a client cannot swit
   precondition, so an object relabelled out of the slice between its list and its delete would
   be deleted.
 
-A patch's result cannot be computed locally for every patch type (server-side apply needs the
-schema), so patches are first sent with ``dryRun=All`` under the same precondition: if the result
-would be outside the slice the client gets 422 and nothing was written; the real patch then
-applies to exactly the object the dry run saw, or fails with 409.
+Merge and JSON patches are applied by the proxy to the checked object
+(:mod:`vwserver.proxy.patches`, kcp's semantics), the result checked, and the client's patch sent
+as one conditional write. A ``status`` write changes status only (kcp's status strategy keeps
+the rest of the stored object): one conditional write. Server-side apply (field ownership needs
+kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
+``dryRun=All`` under the same precondition; if the result would be outside the slice the client
+gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
+saw, or fails with 409.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
@@ -47,7 +53,7 @@ write's answer outside it is not forwarded — the write was carried out, so the
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -251,16 +257,18 @@ async def _patch_with_dry_run(
     query = ctx.options.items
     headers = ctx.upstream_headers(content_type=content_type)
     cached = write_io.from_cache(ctx)
+    # The next object to check when already read: the cache's (not fresh), or kcp's own read
+    # after a lost race (fresh); None: read kcp.
+    pending: _Reread | None = None if cached is None else _Reread(cached, fresh=False)
     for _ in range(write_io.ATTEMPTS + (cached is not None)):
-        fresh = cached is None
-        if cached is not None:
-            stored: Stored | None = cached
-            cached = None
+        if pending is None:
+            read, fresh = await write_io.from_kcp(ctx), True
         else:
-            read = await write_io.from_kcp(ctx)
-            if isinstance(read, web.StreamResponse):
-                return read
-            stored = read
+            read, fresh = pending.read, pending.fresh
+        pending = None
+        if isinstance(read, web.StreamResponse):
+            return read
+        stored: Stored | None = read
         if stored is None:
             if content_type != APPLY_PATCH:
                 return ctx.not_found()
@@ -304,9 +312,10 @@ async def _patch_with_dry_run(
                 status = up.status
                 body = await read_body(up)
                 response_head = response_headers(up)
-            if await _lost_race(ctx, status, content_type, stored):
+            pending = await _lost_race(ctx, status, content_type, stored)
+            if pending is not None:
                 lost = True
-                break  # the object changed since it was checked: check again
+                break  # the object changed since it was checked: check again, from kcp's read
             # A dry run's result and the patch's answer alike.
             ctx.check_answer(status, body, written=not dry_run)
             if status not in (200, 201) or not dry_run:
@@ -542,8 +551,9 @@ def _check_delete_options(options: dict[str, Any]) -> None:
 
 async def _lost_race(
     ctx: ProxyRequest, status: int, content_type: str, stored: Stored | None
-) -> bool:
-    """Whether an upstream answer means the proxy's own precondition failed.
+) -> _Reread | None:
+    """Whether an upstream answer means the proxy's own precondition failed: then kcp's fresh
+    read of the object (to check it again from), else None.
 
     A failed resourceVersion precondition is 409 Conflict, but so is a server-side-apply field
     conflict; in a JSON patch it is a failed ``test`` operation, which the apiserver's patch
@@ -559,10 +569,20 @@ async def _lost_race(
     )
     if racing and stored is not None:
         now = await write_io.from_kcp(ctx)
-        return not isinstance(now, Stored) or (
+        if not isinstance(now, Stored) or (
             now.metadata.resourceVersion != stored.metadata.resourceVersion
-        )
-    return False
+        ):
+            return _Reread(now)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reread:
+    """kcp's read of the object after a lost race (:func:`vwserver.proxy.write_io.from_kcp`)."""
+
+    read: Stored | web.StreamResponse | None
+    fresh: bool = True
+    """kcp's own read (False: the shared cache's copy)."""
 
 
 def _label_for_create(
