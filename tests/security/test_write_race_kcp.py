@@ -59,14 +59,12 @@ from hypothesis import strategies as st
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
-from tests.e2e.test_proxy_kcp import Proxy, proxy
+from tests.e2e.test_proxy_kcp import Proxy
 from tests.security.support import env_int
 from tests.support.properties import bounded_settings
 from tests.support.slices import slices_over_kcp
 from tests.support.widgets import API
 from vwserver.selector import Selector
-
-__all__ = ["proxy"]  # the fixture, imported so that pytest finds it here
 
 EXAMPLES = env_int("VWSERVER_RACE_EXAMPLES", 50)
 ROUNDS = 4  # each example's operations are sent this many times while the writers run
@@ -513,19 +511,17 @@ async def race(
     through one serving the slices from the shared watch cache, whose write checks read the
     stored object from the cache (started by a LIST through the slice, as a controller's
     watch would), behind kcp whenever the direct writers are faster than its watch."""
-    if request.param == "cached":
-        slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
-        async with slices_over_kcp(kcp, world, slices=slices, page_size=3, cache=True) as base:
-            cached = Proxy(base, kcp, world)
+    cached = request.param == "cached"
+    slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
+    async with slices_over_kcp(kcp, world, slices=slices, page_size=3, cache=cached) as base:
+        proxy = Proxy(base, kcp, world)
+        if cached:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-                url = f"{cached.url(SLICE, world.consumer('consumer-a').cluster)}/{API}/widgets"
+                url = f"{proxy.url(SLICE, world.consumer('consumer-a').cluster)}/{API}/widgets"
                 async with s.get(url) as r:
                     assert r.status == 200, await r.text()
-            async for made in _race(kcp, world, cached):
-                yield made
-        return
-    async for made in _race(kcp, world, request.getfixturevalue("proxy")):
-        yield made
+        async for made in _race(kcp, world, proxy):
+            yield made
 
 
 async def _race(kcp: KcpInstance, world: Bootstrap, proxy: Proxy) -> AsyncIterator[Race]:
