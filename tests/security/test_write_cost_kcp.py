@@ -25,6 +25,7 @@ from tests.security.test_write_options_kcp import Kit, unique
 from tests.support.slices import slices_over_kcp
 from tests.support.write_cost import (
     JSON,
+    JSON_PATCH,
     MERGE,
     WRITES,
     Write,
@@ -37,6 +38,7 @@ from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.proxy.patches import apply_json_patch, apply_merge_patch
 from vwserver.selector import Selector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -106,6 +108,15 @@ async def test_a_write_costs_kcp_one_request_when_cached(
         spent, status, doc = await cost(kit.client, kit.base, url, write, obj)
         assert status in write.ok, (slice_name, doc)
         assert spent == expected, slice_name
+        if write.content_type in (MERGE, JSON_PATCH) and not write.path:
+            # kcp stored what the proxy computed and checked: no admission changed the
+            # membership fields of these widgets.
+            body = write.body(obj)
+            local = (apply_merge_patch if write.content_type == MERGE else apply_json_patch)(
+                obj, body
+            )
+            for key in ("labels", "annotations", "finalizers"):
+                assert doc["metadata"].get(key) == local["metadata"].get(key), key
         if write.method == "DELETE":
             assert await kit.stored(name) is None or (await kit.stored(name) or {}).get(
                 "metadata", {}

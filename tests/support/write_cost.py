@@ -96,12 +96,25 @@ WRITES: tuple[Write, ...] = (
         "/status",
         (("fieldManager", "cost"),),
     ),
-    Write("merge patch", "PATCH", MERGE, lambda _: {"spec": {"size": 3}}, 1, 2),
+    Write(
+        "merge patch",
+        "PATCH",
+        MERGE,
+        lambda _: {
+            "metadata": {"labels": {"m": "x"}, "annotations": {"m": "y"}},
+            "spec": {"size": 3},
+        },
+        1,
+        2,
+    ),
     Write(
         "JSON patch",
         "PATCH",
         JSON_PATCH,
-        lambda _: [{"op": "replace", "path": "/spec/size", "value": 4}],
+        lambda _: [
+            {"op": "replace", "path": "/spec/size", "value": 4},
+            {"op": "add", "path": "/metadata/labels/j", "value": "x"},
+        ],
         1,
         2,
     ),
