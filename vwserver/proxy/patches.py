@@ -19,7 +19,11 @@ verified against kcp in tests/conformance/test_patch_differential_kcp.py):
   into an unstructured object (integers that fit int64 stay integers, any other number becomes
   a float64, so ``1.0`` and ``1e2`` come back as ``1`` and ``100``), then pruned, defaulted and
   validated by the resource's schema — which is the upstream write's business, not this
-  module's. A result that is not a JSON object is refused by that decoding (422).
+  module's. A result that is not a JSON object is refused by that decoding (422). Its
+  ``metadata`` is decoded into a typed ObjectMeta and written back: unknown members, nulls and
+  empty values dropped, a ``null`` label/annotation value or finalizer read as ``""`` (so a
+  label copied from a missing member exists, with value ``""``), a value of the wrong type
+  refused with 422 — reproduced here, because membership is read from exactly these fields.
 
 Merge patch (``jsonpatch.MergePatch``):
 
@@ -59,15 +63,20 @@ JSON patch (``jsonpatch.DecodePatch`` + ``Patch.Apply``):
   ``"a\\u003cb"``) fails a test for ``"a<b"``. Objects and arrays compare member by member.
 * A ``null`` inside an array that a ``test`` compares, a ``test`` of ``""`` or ``replace`` of
   ``""`` without ``value``, or writing into a ``null`` that a ``copy`` made (a nil map in Go)
-  make kcp's library panic: kcp answers 500; so does this module (:class:`PatchPanic`).
-* A failed operation: 422 with reason ``Invalid`` and the library's message.
-* With ``fieldValidation=Strict``, an operation with a member other than
-  ``op``/``path``/``from``/``value`` is refused with 422 (``strict=True`` here); kcp's default
+  make kcp's library panic: kcp closes the connection without an answer (verified); this module
+  raises :class:`PatchPanic` (500). When a comparison meets both a mismatch and such a
+  ``null``, Go's random map order decides between 422 and the panic (``PatchError.also``).
+* A failed operation: 422 ``Invalid`` with the message :data:`REJECTED` and empty details —
+  kcp does not send the library's text (kept here as ``PatchError.cause``).
+* ``op``/``path``/``from`` that are not strings, or operations that are not objects: 400 (the
+  apiserver's typed decoding under the default ``fieldValidation=Warn``). With ``Strict``, an
+  operation with a member other than ``op``/``path``/``from``/``value`` is refused with 422;
   ``Warn`` only warns.
 
 Not reproduced (the caller must not rely on the local result there): server-side apply and
-strategic merge patches (they need the schema and field ownership), and whatever admission
-changes after the patch — see :data:`ADMISSION`.
+strategic merge patches (they need the schema and field ownership), the schema's pruning and
+defaulting of the result (metadata is not pruned: only ObjectMeta's decoding, reproduced here),
+and whatever admission changes after the patch — see :data:`ADMISSION`.
 """
 
 from __future__ import annotations
@@ -100,10 +109,34 @@ MAX_COPY_BYTES = 3 * 1024 * 1024
 """k8s.io/apiserver ``JSONPatchMaxCopyBytes`` (json-patch's ``AccumulatedCopySizeLimit``)."""
 
 ADMISSION = """\
-TODO: admission facts (which mutating admission kcp runs on resources served through an
-APIExport virtual workspace).
-"""
+Admission after the patch (kcp v0.32.3; sources pkg/admission/{mutatingwebhook,
+mutatingadmissionpolicy,pathannotation}, verified against kcp where marked):
 
+* kcp runs mutating admission on objects written through an APIExport virtual workspace, in
+  the consumer's logical cluster, after the patch is applied and before the object is
+  validated and stored — also for ``dryRun=All`` requests.
+* Which configurations apply: for a resource bound by an APIBinding (every resource an APIExport
+  VW serves), the MutatingWebhookConfigurations and the MutatingAdmissionPolicies (+ bindings)
+  of the **APIExport's workspace** (the binding's ``status.apiExportClusterName``); those of the
+  consumer's own workspace do not apply to bound resources. (kcp's plugins
+  ``apis.kcp.io/MutatingWebhook`` and ``KCPMutatingAdmissionPolicy``, both on by default;
+  MutatingAdmissionPolicy is GA, on by default, in kcp's Kubernetes 1.37 fork.)
+  Verified: a MutatingAdmissionPolicy in the provider workspace added a label, an annotation
+  and a finalizer to a consumer's widget patched (dry run) through the VW; the same policy in
+  the consumer workspace did not (tests/conformance/test_patch_differential_kcp.py).
+* kcp's ``pathannotation`` plugin (always on): on every create and update of an object that
+  carries the ``kcp.io/path`` annotation, kcp sets it to the workspace's path — a locally
+  patched ``kcp.io/path`` is not what kcp stores (verified).
+* Validating admission (``apis.kcp.io/ReservedMetadata``: 403 for changes of ``*.kcp.io``
+  labels and annotations by non-system users; webhooks, policies) only refuses: the local
+  result can be refused, never changed.
+
+So the result computed here is what kcp stores only when the provider's workspace has no
+mutating webhook or policy matching the resource: whoever relies on it for membership must still
+check the object kcp answers for the write (it is the stored one, admission included) and undo
+or refuse what it cannot accept; only where a write's answer cannot be checked any more (it is
+already stored) must the dry run stay.
+"""
 
 REJECTED = "the server rejected our request due to an error in our request"
 """The message of kcp's 422 for a JSON patch that does not apply: the apiserver answers
