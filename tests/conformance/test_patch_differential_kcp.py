@@ -17,8 +17,11 @@ write (what the proxy holds). Then:
   meets anyway);
 * kcp applied it and the module refused it: never.
 
-Size: ``VWSERVER_PATCH_EXAMPLES`` cases of each kind (merge / JSON) per resource, default 150
-(600 cases, about 1,300 requests); the full length is 2500 (10,000 cases).
+Size: ``VWSERVER_PATCH_EXAMPLES`` cases of each kind (merge / JSON) per resource, default 100
+(400 cases, two requests each, a third when kcp's validation refuses the result); the full
+length is 2500 (10,000 cases).
+
+A second test shows the admission fact of :data:`vwserver.proxy.patches.ADMISSION` on kcp.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devenv.bootstrap import Bootstrap
+from devenv.bootstrap import Bootstrap, poll
 from devenv.kcp import KcpInstance
 from tests.support.properties import bounded_settings
 from tests.support.shapes import API as SHAPES_API
@@ -47,7 +50,7 @@ from tests.support.widgets import API as WIDGETS_API
 from tests.support.widgets import make_namespace, remove_namespace
 from vwserver.proxy.patches import PatchError, PatchPanic, apply_json_patch, apply_merge_patch
 
-EXAMPLES = int(os.environ.get("VWSERVER_PATCH_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("VWSERVER_PATCH_EXAMPLES", "100"))
 NS = "patch-differential"
 SLOTS = 6  # objects per resource, written concurrently
 JSON_PATCH = "application/json-patch+json"
@@ -593,3 +596,102 @@ async def test_patches_applied_like_kcp(patch_world: World) -> None:
     # Both kinds of outcome occur: the test can tell applying from refusing.
     assert outcome.counts["applied: same object"] > len(cases) // 10
     assert sum(n for k, n in outcome.counts.items() if k.startswith("refused")) > len(cases) // 10
+
+
+# -- admission --------------------------------------------------------------------------------
+
+PROBE = "admission-probe"
+
+
+def _mutating_policy(name: str) -> str:
+    """A MutatingAdmissionPolicy (and its binding) that adds a label, an annotation and a
+    finalizer named after ``name`` to widgets labelled ``admission-probe=yes``."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": f"probe-{name}"},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["example.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["widgets"],
+                    }
+                ],
+                "objectSelector": {"matchLabels": {PROBE: "yes"}},
+            },
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": (
+                            "Object{metadata: Object.metadata{"
+                            f'labels: {{"mutated-by-{name}": "yes"}}, '
+                            f'annotations: {{"note-{name}": "x"}}, '
+                            f'finalizers: ["example.io/{name}"]}}}}'
+                        )
+                    },
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": f"probe-{name}"},
+        "spec": {"policyName": f"probe-{name}"},
+    }
+    return msgspec.json.encode(
+        {"apiVersion": "v1", "kind": "List", "items": [policy, binding]}
+    ).decode()
+
+
+async def test_mutating_admission_of_the_export_workspace_changes_what_a_patch_stores(
+    kcp: KcpInstance, world: Bootstrap
+) -> None:
+    """The fact behind :data:`vwserver.proxy.patches.ADMISSION`: a MutatingAdmissionPolicy in
+    the APIExport's (provider's) workspace changes labels, annotations and finalizers of a
+    consumer's object patched through the APIExport VW — the local result is not kcp's then;
+    the same policy in the consumer's workspace does not apply to the bound resource."""
+    consumer = world.consumers[0]
+    sample = next(w for w in world.widgets if w.cluster == consumer.cluster)
+    url = (
+        f"{world.vw_url}/clusters/{consumer.cluster}/{WIDGETS_API}/namespaces/"
+        f"{sample.namespace}/widgets/{sample.name}"
+    )
+    patch = {"metadata": {"labels": {PROBE: "yes"}}}
+    placed = [(world.provider.url, "provider"), (consumer.url, "consumer")]
+    try:
+        for server, name in placed:
+            await kcp.kubectl("apply", "-f", "-", server=server, input=_mutating_policy(name))
+        async with kcp.http_session(timeout=30) as session:
+
+            async def mutated() -> dict[str, Any] | None:
+                status, answer = await _call(
+                    session, "PATCH", url, patch, content_type=MERGE_PATCH, dry_run=True
+                )
+                assert status == 200, answer
+                labels = answer["metadata"].get("labels", {})
+                return answer if "mutated-by-provider" in labels else None
+
+            answer = await poll("the provider's policy mutating widgets", mutated, within=60)
+            status, stored = await _call(session, "GET", url, None)
+            assert status == 200, stored
+    finally:
+        for server, name in placed:
+            await kcp.kubectl(
+                "delete", "-f", "-", "--ignore-not-found", server=server,
+                input=_mutating_policy(name), check=False,
+            )  # fmt: skip
+    meta = answer["metadata"]
+    assert meta["annotations"]["note-provider"] == "x"
+    assert "example.io/provider" in meta["finalizers"]
+    # The consumer's own policy is not consulted for a resource bound from an export.
+    assert "mutated-by-consumer" not in meta["labels"]
+    assert "example.io/consumer" not in meta.get("finalizers", [])
+    local = apply_merge_patch(stored, patch)
+    assert "mutated-by-provider" not in local["metadata"]["labels"]
