@@ -529,10 +529,10 @@ async def _run_case(w: World, slot: Slot, case: Case, outcome: Outcome) -> None:
                 f"codes differ: kcp {status} {kcp_message!r}, module {refused.code} {refused}; "
                 f"{where}"
             )
-        elif (
-            status == 422
-            and refused.message != kcp_message
-            and "not a JSON object" not in str(refused)
+        elif refused.message != kcp_message and not (
+            _DECODING in refused.message
+            and _DECODING in str(kcp_message)
+            and _tail(refused.message) == _tail(kcp_message)
         ):
             outcome.failures.append(
                 f"messages differ: kcp {kcp_message!r}, module {refused.message!r}; {where}"
@@ -563,6 +563,11 @@ async def _run_case(w: World, slot: Slot, case: Case, outcome: Outcome) -> None:
         )
 
 
+_DECODING = ' "" is invalid: patch: Invalid value: '
+"""kcp's 422 for a patched object it cannot decode; it quotes the patched JSON, whose text
+(member order inside patch values) the module does not reproduce exactly."""
+
+
 def _tail(message: Any) -> str:
     """A refusal's message without the patched object's text (which kcp quotes)."""
     return str(message).rpartition('": ')[2]
@@ -588,8 +593,9 @@ async def test_patches_applied_like_kcp(patch_world: World) -> None:
     await asyncio.gather(*work)
     print(f"\n{len(cases)} cases: {dict(outcome.counts)}")
     print(f"differences (path: count): {dict(outcome.differences)}")
+    kinds = Counter(f.partition(":")[0] for f in outcome.failures)
     assert not outcome.failures, (
-        f"{len(outcome.failures)} of {len(cases)} cases differ:\n"
+        f"{len(outcome.failures)} of {len(cases)} cases differ ({dict(kinds)}):\n"
         + "\n".join(outcome.failures[:15])
     )
     assert sum(outcome.counts.values()) == len(cases)

@@ -525,8 +525,21 @@ def _not_an_object(text: bytes) -> PatchError:
 
 
 def _go_quoted(s: str) -> str:
-    """Go's ``%q`` of a string (as field.Invalid prints a string value), for ASCII text."""
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """Go's ``%q`` of a string (as field.Invalid prints a string value): non-printable
+    characters escaped. The quoted JSON text itself may still differ from kcp's in one way: kcp
+    keeps the members of a patch value it never walked into in the patch's order, this module
+    sorts them."""
+    out = []
+    for ch in s:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
 
 
 def _go_type(value: Any) -> str:
