@@ -123,7 +123,8 @@ mutatingadmissionpolicy,pathannotation}, verified against kcp where marked):
   MutatingAdmissionPolicy is GA, on by default, in kcp's Kubernetes 1.37 fork.)
   Verified: a MutatingAdmissionPolicy in the provider workspace added a label, an annotation
   and a finalizer to a consumer's widget patched (dry run) through the VW; the same policy in
-  the consumer workspace did not (tests/conformance/test_patch_differential_kcp.py).
+  the consumer workspace did not (tests/conformance/test_patch_differential_kcp.py). Webhooks
+  follow the same rule in the source (``getSourceClusterForGroupResource``); not run here.
 * kcp's ``pathannotation`` plugin (always on): on every create and update of an object that
   carries the ``kcp.io/path`` annotation, kcp sets it to the workspace's path — a locally
   patched ``kcp.io/path`` is not what kcp stores (verified).
