@@ -27,6 +27,7 @@ and one write more per lost race.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -37,7 +38,7 @@ from multidict import CIMultiDict
 from vwserver.errors import RequestError
 from vwserver.proxy.cached import api_path
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import decode_head
+from vwserver.proxy.filtering import UndecodableError, decode_head
 from vwserver.proxy.holding import Stored
 from vwserver.proxy.responses import read_body, relay_whole
 from vwserver.proxy.write_plan import (
@@ -54,6 +55,7 @@ JSON_PATCH: Final = "application/json-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 _encode: Final = msgspec.json.Encoder().encode
+log = logging.getLogger(__name__)
 
 Plan = Callable[[Stored | None], Decision]
 
@@ -101,6 +103,31 @@ async def from_kcp(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
     if not ctx.sees(head.metadata):
         return ctx.not_found()
     return Stored(head=head, body=body)
+
+
+def _check_admitted(ctx: ProxyRequest, answer: bytes) -> None:
+    """The object kcp stored (its answer) is what the plan checked, unless kcp's mutating
+    admission changed it after the check: webhooks and MutatingAdmissionPolicies of the
+    APIExport's (the provider's) workspace run on every write through the virtual workspace
+    (:data:`vwserver.proxy.patches.ADMISSION`), for updates as for patches. The write is done;
+    an answer the slice no longer sees is logged (without its content) for the operator, whose
+    policy moved the object."""
+    try:
+        meta = decode_head(answer).metadata
+    except UndecodableError:
+        return  # check_answer refused anything that is no object
+    if ctx.sees(meta) and not ctx.route.selector.violations(meta.labels):
+        return
+    log.warning(
+        "kcp's admission moved %s %s/%s out of slice %s/%s after vwserver checked the %s "
+        "(a mutating webhook or policy of the provider's workspace changed its labels or holds)",
+        ctx.api.resource,
+        ctx.api.namespace,
+        ctx.api.name,
+        ctx.route.cluster,
+        ctx.route.name,
+        ctx.api.verb,
+    )
 
 
 async def _read(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
@@ -178,11 +205,9 @@ async def execute(
                 stored, fresh = now, True
                 continue
         body = response.body
-        ctx.check_answer(
-            status,
-            body if isinstance(body, bytes) else b"",
-            status_ok=method == "DELETE",
-            written=not dry_run,
-        )
+        raw = body if isinstance(body, bytes) else b""
+        ctx.check_answer(status, raw, status_ok=method == "DELETE", written=not dry_run)
+        if status in (200, 201) and method != "DELETE" and not ctx.api.subresource and not dry_run:
+            _check_admitted(ctx, raw)
         return response
     raise kept_changing(ctx)

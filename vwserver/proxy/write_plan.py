@@ -172,6 +172,7 @@ def plan_patch(
     stored: Stored | None,
     *,
     content_type: str,
+    field_validation: str = "Warn",
 ) -> Decision:
     """A merge or JSON patch of the main resource, without a dry run: the proxy applies it to
     ``stored`` itself (:mod:`vwserver.proxy.patches` reproduces kcp's results and errors — a
@@ -188,9 +189,9 @@ def plan_patch(
         return Leaving(since)
     document = msgspec.json.decode(stored.body)
     if isinstance(patch, list):
-        patched = patches.apply_json_patch(document, patch)
+        patched = patches.apply_json_patch(document, patch, field_validation=field_validation)
     else:
-        patched = patches.apply_merge_patch(document, patch)
+        patched = patches.apply_merge_patch(document, patch, field_validation=field_validation)
     result = _encode(patched)
     if isinstance(patch, list):
         send: dict[str, Any] | list[Any] = json_patch_precondition(patch, stored)

@@ -223,7 +223,14 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
         return await write_io.execute(
             ctx,
             "PATCH",
-            lambda stored: write_plan.plan_patch(ctx, patch, stored, content_type=content_type),
+            lambda stored: write_plan.plan_patch(
+                ctx,
+                patch,
+                stored,
+                content_type=content_type,
+                # The apiserver's default: Warn (the checked query holds a valid value).
+                field_validation=ctx.options.get("fieldValidation") or "Warn",
+            ),
             leaving=lambda stored, since: holding.serve_leaving(
                 ctx,
                 stored,
