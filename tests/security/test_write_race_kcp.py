@@ -28,6 +28,11 @@ history, every revision up to it is judged, and the pool is restored (recreated 
 Violations are collected over all examples and reported at the end with the operations of the
 example, the offending revision (labels before/after, managers) and what the proxy answered.
 
+Twice: through a proxy whose write checks read the stored object from kcp, and through one
+serving the slices from the shared watch cache, whose write checks read it from the cache —
+which the direct writers keep behind kcp (a write conditional on the cache's version then fails
+upstream and is checked again from kcp's).
+
 Size: ``VWSERVER_RACE_EXAMPLES`` (default 50, about 20 s once kcp is up; the full run is 300,
 about 80 s: ``VWSERVER_RACE_EXAMPLES=300 .venv/bin/pytest tests/security/test_write_race_kcp.py``).
 Examples are derandomized: the same count replays the same operations (the interleaving with the
@@ -54,11 +59,12 @@ from hypothesis import strategies as st
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
-from tests.e2e.test_proxy_kcp import Proxy, proxy
+from tests.e2e.test_proxy_kcp import Proxy
 from tests.security.support import env_int
 from tests.support.properties import bounded_settings
-
-__all__ = ["proxy"]  # the fixture, imported so that pytest finds it here
+from tests.support.slices import slices_over_kcp
+from tests.support.widgets import API
+from vwserver.selector import Selector
 
 EXAMPLES = env_int("VWSERVER_RACE_EXAMPLES", 50)
 ROUNDS = 4  # each example's operations are sent this many times while the writers run
@@ -497,8 +503,28 @@ class Race:
         return json.dumps(body).encode()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def race(kcp: KcpInstance, world: Bootstrap, proxy: Proxy) -> AsyncIterator[Race]:
+@pytest_asyncio.fixture(scope="module", loop_scope="session", params=["kcp-reads", "cached"])
+async def race(
+    request: pytest.FixtureRequest, kcp: KcpInstance, world: Bootstrap
+) -> AsyncIterator[Race]:
+    """The race, through a proxy whose write checks read kcp (no cache) — or, ``cached``,
+    through one serving the slices from the shared watch cache, whose write checks read the
+    stored object from the cache (started by a LIST through the slice, as a controller's
+    watch would), behind kcp whenever the direct writers are faster than its watch."""
+    cached = request.param == "cached"
+    slices = {env: Selector.parse(f"env={env}") for env in ("prod", "dev")}
+    async with slices_over_kcp(kcp, world, slices=slices, page_size=3, cache=cached) as base:
+        proxy = Proxy(base, kcp, world)
+        if cached:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+                url = f"{proxy.url(SLICE, world.consumer('consumer-a').cluster)}/{API}/widgets"
+                async with s.get(url) as r:
+                    assert r.status == 200, await r.text()
+        async for made in _race(kcp, world, proxy):
+            yield made
+
+
+async def _race(kcp: KcpInstance, world: Bootstrap, proxy: Proxy) -> AsyncIterator[Race]:
     ws = world.consumer("consumer-a")
     namespace = f"race-{uuid.uuid4().hex[:6]}"
     admin = aiohttp.ClientSession(

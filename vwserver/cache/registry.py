@@ -75,6 +75,15 @@ class CacheRegistry:
         assert isinstance(resource, SharedTable)
         return resource
 
+    def running(self, *, upstream: str, api_path: str) -> SharedResource | None:
+        """The shared resource for ``api_path`` in ``upstream`` if one runs and has synced,
+        without starting one or holding it (a write's check reads one object from it at once,
+        :mod:`vwserver.proxy.write_plan`); None otherwise."""
+        resource = self._resources.get((upstream.rstrip("/"), api_path, False))
+        if resource is None or resource.stopped or not resource.synced:
+            return None
+        return resource
+
     def _acquire(self, key: ResourceKey) -> SharedResource:
         if self._closed:
             raise RuntimeError("the cache registry is closed")

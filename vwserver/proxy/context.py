@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -56,6 +56,24 @@ class RequestRecord:
     """The status of the response whose headers went out (streamed responses), else None."""
     headers_sent: float | None = None
     """``loop.time()`` when the response headers went out (a watch is established)."""
+
+
+class WriteTarget(Protocol):
+    """What the pure rules of a guarded write read of a request (:mod:`vwserver.proxy.
+    write_plan`, :mod:`vwserver.proxy.holding`): the object addressed, the slice and its
+    membership. :class:`ProxyRequest` is one; the rules' table tests build small ones."""
+
+    @property
+    def api(self) -> ApiRequest: ...
+
+    @property
+    def route(self) -> Route: ...
+
+    @property
+    def member(self) -> Member: ...
+
+    @property
+    def records_holds(self) -> bool: ...
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ from vwserver.holds import (
     releasable,
 )
 from vwserver.k8s.types import ObjectHead
-from vwserver.proxy.context import ProxyRequest
+from vwserver.proxy.context import ProxyRequest, WriteTarget
 from vwserver.proxy.filtering import decode_head
 from vwserver.proxy.responses import read_body, response_headers
 
@@ -74,7 +74,7 @@ class Stored:
         return self.head.metadata
 
 
-def _annotations_written(ctx: ProxyRequest) -> Invalid:
+def _annotations_written(ctx: WriteTarget) -> Invalid:
     keys = ", ".join(sorted(PROXY_ANNOTATIONS))
     return Invalid(
         f"metadata.annotations: {keys} are written only by vwserver; "
@@ -172,7 +172,7 @@ def _set_annotation(meta: dict[str, Any], key: str, value: str | None) -> None:
 # --- create and update ------------------------------------------------------------------------
 
 
-def prepare_create(ctx: ProxyRequest, body: dict[str, Any]) -> None:
+def prepare_create(ctx: WriteTarget, body: dict[str, Any]) -> None:
     """A create's body with the holds of the finalizers it adds; refuses the proxy's
     annotations in it."""
     meta = body.get("metadata")
@@ -197,7 +197,7 @@ def prepare_create(ctx: ProxyRequest, body: dict[str, Any]) -> None:
     _set_labels(meta, plan.labels)
 
 
-def prepare_update(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> dict[str, Any]:
+def prepare_update(ctx: WriteTarget, body: dict[str, Any], stored: Stored) -> dict[str, Any]:
     """An update's body with the proxy's annotations as they must be: the holds after this
     write, the release annotation as stored (whatever the client sent for either)."""
     meta = body.get("metadata")
@@ -224,7 +224,7 @@ def prepare_update(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> d
 # --- patches ----------------------------------------------------------------------------------
 
 
-def plan_patch(ctx: ProxyRequest, stored: Stored | None, result: bytes) -> WritePlan:
+def plan_patch(ctx: WriteTarget, stored: Stored | None, result: bytes) -> WritePlan:
     """The holds after a patch whose dry-run result is ``result`` (``stored`` None: an apply
     that creates the object); refuses a patch that would itself change the proxy's
     annotations or remove another slice's finalizer."""
@@ -326,7 +326,7 @@ def with_holds(
 # --- an object leaving the slice --------------------------------------------------------------
 
 
-def leaving_refusal(ctx: ProxyRequest, stored: Stored) -> LeavingSlice:
+def leaving_refusal(ctx: WriteTarget, stored: Stored) -> LeavingSlice:
     member = ctx.member
     return LeavingSlice(
         f'{ctx.api.resource} "{ctx.api.name}" is leaving the slice {member.id} (its labels '

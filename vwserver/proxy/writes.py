@@ -2,10 +2,12 @@
 it, and no write may move an object out of it.
 
 Check-then-write is made race-free with optimistic concurrency instead of locks: the proxy reads
-the stored object, checks it against the slice, and sends the write with a precondition on what it
-checked — the stored ``resourceVersion`` for updates and patches, ``preconditions.uid`` and
-``preconditions.resourceVersion`` for deletes. If the object changed in between, the upstream
-answers 409 and the proxy checks again (a few times) rather than writing blind.
+the stored object (from the shared watch cache when it has it), checks it against the slice, and
+sends the write with a precondition on what it checked — the stored ``resourceVersion`` for
+updates and patches, ``preconditions.uid`` and ``preconditions.resourceVersion`` for deletes. If
+the object changed in between (or the cache was behind), the upstream answers 409 and the proxy
+checks again from kcp's own read (a few times) rather than writing blind. The rules are one pure
+plan per verb (:mod:`vwserver.proxy.write_plan`); :mod:`vwserver.proxy.write_io` does the I/O.
 
 The precondition is the proxy's, whatever the client sends: a client cannot switch it off.
 
@@ -16,7 +18,7 @@ The precondition is the proxy's, whatever the client sends: a client cannot swit
 * A JSON patch always starts with the proxy's ``test`` of ``/metadata/resourceVersion``, and any
   other operation that writes ``/metadata/resourceVersion``, ``/metadata`` or the whole document
   (``copy``/``move``/``replace``/``add``/``remove``) is refused with 422: it could change the
-  version the precondition is checked against between the dry run and the write.
+  version the precondition is checked against.
 * JSON-patch pointers are read as RFC 6901 says (kcp's JSON patch ignores what precedes the
   first ``/``, so ``x/metadata/resourceVersion`` would alias ``/metadata/resourceVersion``):
   anything else is 422, and the checks compare decoded reference tokens.
@@ -29,10 +31,14 @@ The precondition is the proxy's, whatever the client sends: a client cannot swit
   precondition, so an object relabelled out of the slice between its list and its delete would
   be deleted.
 
-A patch's result cannot be computed locally for every patch type (server-side apply needs the
-schema), so patches are first sent with ``dryRun=All`` under the same precondition: if the result
-would be outside the slice the client gets 422 and nothing was written; the real patch then
-applies to exactly the object the dry run saw, or fails with 409.
+Merge and JSON patches are applied by the proxy to the checked object
+(:mod:`vwserver.proxy.patches`, kcp's semantics), the result checked, and the client's patch sent
+as one conditional write. A ``status`` write changes status only (kcp's status strategy keeps
+the rest of the stored object): one conditional write. Server-side apply (field ownership needs
+kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
+``dryRun=All`` under the same precondition; if the result would be outside the slice the client
+gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
+saw, or fails with 409.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
@@ -47,19 +53,15 @@ write's answer outside it is not forwarded — the write was carried out, so the
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 from aiohttp import web
-from multidict import CIMultiDict
 
 from vwserver.errors import BadRequest, Conflict, Invalid, MethodNotAllowed, UpstreamUnavailable
-from vwserver.holds import hidden_by_relabel
 from vwserver.k8s.types import ObjectMeta
-from vwserver.proxy import dependents, holding
+from vwserver.proxy import dependents, holding, write_io, write_plan
 from vwserver.proxy.bodies import decode_json, decode_yaml
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import Scope, UndecodableError, decode_head, decode_page
@@ -71,10 +73,9 @@ from vwserver.proxy.options import (
     delete_options,
 )
 from vwserver.proxy.responses import read_body, relay_whole, response_headers
-from vwserver.selector import Requirement, Selector
+from vwserver.proxy.write_plan import labels_of, with_resource_version
+from vwserver.selector import Selector
 
-# How often a check-then-write is retried when the object changed in between.
-_ATTEMPTS = 3
 # The apiserver's generated names (k8s.io/apiserver/pkg/storage/names): generateName cut to
 # 63 - 5 characters, then 5 random ones.
 _GENERATED_BASE = 58
@@ -153,28 +154,10 @@ def _body(response: web.Response) -> bytes:
 
 async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
     body = await _json_object(ctx)
-    labels = _labels(body)
-    refused: Invalid | None = None
-    if not ctx.api.subresource:
-        # A status update ignores metadata changes, so only main-resource updates can relabel.
-        try:
-            _check_stays(labels, ctx)
-        except Invalid as e:
-            # Answered whether or not the object exists (no existence oracle) — unless it
-            # exists and is leaving the slice, where the update may release a finalizer.
-            refused = e
-
-    def prepare(stored: Stored) -> bytes:
-        if refused is not None:
-            raise refused
-        if ctx.api.subresource:
-            return _encoder.encode(_with_resource_version(body, stored, ctx))
-        send = holding.prepare_update(ctx, body, stored)
-        _check_seen_after(ctx, send, stored)
-        return _encoder.encode(_with_resource_version(send, stored, ctx))
+    labels_of(body)  # 400 for labels that are not strings, before anything is read
 
     async def leaving(stored: Stored, since: str) -> web.StreamResponse:
-        send = _with_resource_version(holding.strip_leaving(body, stored), stored, ctx)
+        send = with_resource_version(holding.strip_leaving(body, stored), stored, ctx)
         return await holding.serve_leaving(
             ctx,
             stored,
@@ -185,11 +168,10 @@ async def serve_update(ctx: ProxyRequest) -> web.StreamResponse:
             client_dry_run=ctx.options.get("dryRun") == "All",
         )
 
-    return await _write_checked(
+    return await write_io.execute(
         ctx,
         "PUT",
-        prepare,
-        refused=refused,
+        lambda stored: write_plan.plan_update(ctx, body, stored),
         leaving=leaving,
         dry_run=ctx.options.get("dryRun") == "All",
     )
@@ -225,15 +207,77 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
         # patches, 409 unless it is the stored one).
         assert isinstance(patch, dict)
         _label_for_create(patch, ctx.route.selector, precondition=True)
+    if ctx.api.subresource:
+        # The status subresource ignores everything but status: one conditional write.
+        return await write_io.execute(
+            ctx,
+            "PATCH",
+            lambda stored: write_plan.plan_status_patch(
+                ctx, patch, stored, content_type=content_type
+            ),
+            leaving=lambda stored, _since: _refuse_leaving(ctx, stored),
+            content_type=content_type,
+            dry_run=ctx.options.get("dryRun") == "All",
+        )
+    if content_type in write_plan.LOCAL_PATCHES:
+        return await write_io.execute(
+            ctx,
+            "PATCH",
+            lambda stored: write_plan.plan_patch(
+                ctx,
+                patch,
+                stored,
+                content_type=content_type,
+                # The apiserver's default: Warn (the checked query holds a valid value).
+                field_validation=ctx.options.get("fieldValidation") or "Warn",
+            ),
+            leaving=lambda stored, since: holding.serve_leaving(
+                ctx,
+                stored,
+                since,
+                method="PATCH",
+                content_type=content_type,
+                data=_encoder.encode(write_plan.patch_precondition(patch, stored, ctx)),
+                client_dry_run=ctx.options.get("dryRun") == "All",
+            ),
+            content_type=content_type,
+            dry_run=ctx.options.get("dryRun") == "All",
+        )
+    return await _patch_with_dry_run(ctx, patch, content_type)
+
+
+async def _refuse_leaving(ctx: ProxyRequest, stored: Stored) -> web.StreamResponse:
+    raise holding.leaving_refusal(ctx, stored)
+
+
+async def _patch_with_dry_run(
+    ctx: ProxyRequest, patch: dict[str, Any] | list[Any], content_type: str
+) -> web.StreamResponse:
+    """A patch whose result the proxy cannot compute (server-side apply's field ownership, a
+    strategic merge): first a dry run under the proxy's precondition, whose result must stay in
+    the slice, then the patch under the same precondition. The stored object may come from the
+    cache (:func:`vwserver.proxy.write_io.from_cache`): a dry run that succeeds under its
+    resourceVersion proves it current; what is decided before the dry run from the cache's
+    copy (a client's precondition that disagrees, an object leaving) is decided again from
+    kcp's."""
     client_dry_run = ctx.options.get("dryRun") == "All"
     query = ctx.options.items
     headers = ctx.upstream_headers(content_type=content_type)
-    for _ in range(_ATTEMPTS):
-        stored = await _stored(ctx)
-        if isinstance(stored, web.StreamResponse):
-            return stored
+    cached = write_io.from_cache(ctx)
+    # The next object to check when already read: the cache's (not fresh), or kcp's own read
+    # after a lost race (fresh); None: read kcp.
+    pending: _Reread | None = None if cached is None else _Reread(cached, fresh=False)
+    for _ in range(write_io.ATTEMPTS + (cached is not None)):
+        if pending is None:
+            read, fresh = await write_io.from_kcp(ctx), True
+        else:
+            read, fresh = pending.read, pending.fresh
+        pending = None
+        if isinstance(read, web.StreamResponse):
+            return read
+        stored: Stored | None = read
         if stored is None:
-            if content_type != APPLY_PATCH or ctx.api.subresource:
+            if content_type != APPLY_PATCH:
                 return ctx.not_found()
             if isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion"):
                 # An apply conditional on a version of an object that does not exist: the
@@ -242,11 +286,18 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             # Server-side apply of a new object is a create (labelled above).
             send: dict[str, Any] | list[Any] = patch
         else:
-            send = _patch_precondition(patch, stored, content_type, ctx)
-            if content_type == APPLY_PATCH and not ctx.api.subresource:
-                send = holding.keep_holds(send, stored)
             since = ctx.leaving(stored.metadata)
+            try:
+                send = write_plan.patch_precondition(patch, stored, ctx)
+            except Conflict:
+                if fresh:
+                    raise
+                continue  # the cache's copy disagrees with the client's: ask kcp
+            if content_type == APPLY_PATCH:
+                send = holding.keep_holds(send, stored)
             if since is not None:
+                if not fresh:
+                    continue
                 return await holding.serve_leaving(
                     ctx,
                     stored,
@@ -268,24 +319,24 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
                 status = up.status
                 body = await read_body(up)
                 response_head = response_headers(up)
-            if await _lost_race(ctx, status, content_type, stored):
+            pending = await _lost_race(ctx, status, content_type, stored)
+            if pending is not None:
                 lost = True
-                break  # the object changed since it was checked: check again
+                break  # the object changed since it was checked: check again, from kcp's read
             # A dry run's result and the patch's answer alike.
             ctx.check_answer(status, body, written=not dry_run)
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
-            _check_result(body, ctx, stored)
-            if not ctx.api.subresource:
-                plan = holding.plan_patch(ctx, stored, body)  # stored None: an apply creates
-                data = _encoder.encode(
-                    holding.with_holds(send, plan, content_type=content_type, result=body)
-                )
+            write_plan.check_result(body, ctx, stored)
+            plan = holding.plan_patch(ctx, stored, body)  # stored None: an apply creates
+            data = _encoder.encode(
+                holding.with_holds(send, plan, content_type=content_type, result=body)
+            )
             if client_dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
         if not lost:  # pragma: no cover - every path through the inner loop returns or breaks
             raise AssertionError("unreachable")
-    raise _kept_changing(ctx)
+    raise write_plan.kept_changing(ctx)
 
 
 async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
@@ -298,18 +349,23 @@ async def serve_delete(ctx: ProxyRequest) -> web.StreamResponse:
 
     async with dependents.checking(ctx) as dependent_check:
 
-        def prepare(stored: Stored) -> bytes:
-            send = _with_preconditions(options, stored, ctx)
-            meta = stored.metadata
-            dependent_check.check(
-                uid=meta.uid, namespace=meta.namespace, finalizers=meta.finalizers, options=send
-            )
-            return _encoder.encode(send)
+        def plan(stored: Stored | None) -> write_plan.Decision:
+            decision = write_plan.plan_delete(ctx, options, stored)
+            if isinstance(decision, write_plan.Send) and stored is not None:
+                meta = stored.metadata
+                assert isinstance(decision.body, dict)
+                dependent_check.check(
+                    uid=meta.uid,
+                    namespace=meta.namespace,
+                    finalizers=meta.finalizers,
+                    options=decision.body,
+                )
+            return decision
 
-        return await _write_checked(
+        return await write_io.execute(
             ctx,
             "DELETE",
-            prepare,
+            plan,
             leaving=leaving,
             # The options are in the body (the apiserver would ignore them in the query).
             query=ctx.options.without(*DELETE_QUERY),
@@ -444,89 +500,6 @@ async def _delete_one(
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def _write_checked(
-    ctx: ProxyRequest,
-    method: str,
-    prepare: Callable[[Stored], bytes],
-    *,
-    refused: Invalid | None = None,
-    leaving: Callable[[Stored, str], Awaitable[web.StreamResponse]],
-    query: list[tuple[str, str]] | None = None,
-    dry_run: bool = False,
-) -> web.StreamResponse:
-    """Check that the stored object is in the slice, then send the write made conditional on
-    what was checked; if the object changed in between, check again. ``refused``: the
-    answer for an object that is missing or invisible, when the request itself is refused;
-    ``leaving``: the answer for an object that is leaving the slice; ``dry_run``: the client
-    asked for one (its answer is checked as one)."""
-    for _ in range(_ATTEMPTS):
-        stored = await _stored(ctx)
-        if not isinstance(stored, Stored):
-            if refused is not None and (stored is None or stored.status == 404):
-                raise refused
-            return stored or ctx.not_found()
-        since = ctx.leaving(stored.metadata)
-        if since is not None:
-            return await leaving(stored, since)
-        data = prepare(stored)
-        async with ctx.upstream.request(
-            method,
-            ctx.upstream_url,
-            query=ctx.options.items if query is None else query,
-            headers=ctx.upstream_headers(content_type=JSON),
-            data=data,
-        ) as up:
-            response = await relay_whole(up)
-        if await _lost_race(ctx, response.status, "", stored):
-            continue
-        ctx.check_answer(
-            response.status, _body(response), status_ok=method == "DELETE", written=not dry_run
-        )
-        return response
-    raise _kept_changing(ctx)
-
-
-def _kept_changing(ctx: ProxyRequest) -> Conflict:
-    return Conflict(
-        f'Operation cannot be fulfilled on {_qualified(ctx)} "{ctx.api.name}": the object has '
-        "been modified; please apply your changes to the latest version and try again",
-        details=_details(ctx),
-    )
-
-
-def _qualified(ctx: ProxyRequest) -> str:
-    return f"{ctx.api.resource}.{ctx.api.group}" if ctx.api.group else ctx.api.resource
-
-
-def _details(ctx: ProxyRequest) -> dict[str, object]:
-    return {"name": ctx.api.name, "group": ctx.api.group, "kind": ctx.api.resource}
-
-
-def _with_preconditions(
-    options: dict[str, Any], stored: Stored, ctx: ProxyRequest
-) -> dict[str, Any]:
-    """DeleteOptions conditional on the checked uid and resourceVersion. The client's own
-    preconditions (e.g. client-go's uid-only ones) must hold for that object, or it gets the
-    apiserver's 409; the proxy's then imply them."""
-    given = options.get("preconditions") or {}
-    for what, key, value in (
-        ("UID", "uid", stored.metadata.uid),
-        ("ResourceVersion", "resourceVersion", stored.metadata.resourceVersion),
-    ):
-        if given.get(key) and given[key] != value:
-            raise Conflict(
-                f"Precondition failed: {what} in precondition: {given[key]}, "
-                f"{what} in object meta: {value}",
-                details=_details(ctx),
-            )
-    send = dict(options)
-    send["preconditions"] = {
-        "uid": stored.metadata.uid,
-        "resourceVersion": stored.metadata.resourceVersion,
-    }
-    return send
-
-
 async def _delete_options(ctx: ProxyRequest) -> dict[str, Any]:
     """The client's DeleteOptions, from its body if it sent one, else from its query.
 
@@ -585,8 +558,9 @@ def _check_delete_options(options: dict[str, Any]) -> None:
 
 async def _lost_race(
     ctx: ProxyRequest, status: int, content_type: str, stored: Stored | None
-) -> bool:
-    """Whether an upstream answer means the proxy's own precondition failed.
+) -> _Reread | None:
+    """Whether an upstream answer means the proxy's own precondition failed: then kcp's fresh
+    read of the object (to check it again from), else None.
 
     A failed resourceVersion precondition is 409 Conflict, but so is a server-side-apply field
     conflict; in a JSON patch it is a failed ``test`` operation, which the apiserver's patch
@@ -601,112 +575,21 @@ async def _lost_race(
         or (status == 500 and content_type == APPLY_PATCH)
     )
     if racing and stored is not None:
-        now = await _stored(ctx)
-        return not isinstance(now, Stored) or (
+        now = await write_io.from_kcp(ctx)
+        if not isinstance(now, Stored) or (
             now.metadata.resourceVersion != stored.metadata.resourceVersion
-        )
-    return False
+        ):
+            return _Reread(now)
+    return None
 
 
-async def _stored(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
-    """The stored object if it exists and is in the slice; None if it does not exist;
-    the NotFound response if it exists outside the slice — or kcp answered with an object
-    outside the request's scope (another cluster's, namespace's or name's: counted; nothing is
-    written, not even an apply's create); an upstream error response as is.
+@dataclass(frozen=True, slots=True)
+class _Reread:
+    """kcp's read of the object after a lost race (:func:`vwserver.proxy.write_io.from_kcp`)."""
 
-    Callers answer "missing" with the same NotFound, except server-side apply, for which a
-    missing object is a create.
-    """
-    async with ctx.upstream.request(
-        "GET", ctx.object_url, headers=CIMultiDict({"Accept": JSON})
-    ) as up:
-        if up.status == 404:
-            return None
-        if up.status != 200:
-            return await relay_whole(up)
-        body = await read_body(up)
-    head = decode_head(body)
-    if not ctx.scope.admits(head.metadata):
-        ctx.out_of_scope()
-        return ctx.not_found()
-    if not ctx.sees(head.metadata):
-        return ctx.not_found()
-    return Stored(head=head, body=body)
-
-
-def _check_result(body: bytes, ctx: ProxyRequest, stored: Stored | None) -> None:
-    try:
-        meta = decode_head(body).metadata
-    except UndecodableError as e:
-        # The dry run's result has labels that are not strings: kcp refuses such a patch with
-        # 422 when it validates the object; say so rather than fail.
-        raise Invalid(f"metadata.labels: the patched object's labels must be strings ({e})") from e
-    _check_stays(meta.labels, ctx)
-    if stored is None:  # an apply that creates: no other slice holds the object yet
-        if not ctx.sees(meta):
-            raise _hidden_by_hold(ctx)
-    elif hidden_by_relabel(
-        ctx.member,
-        stored_labels=stored.metadata.labels,
-        labels=meta.labels,
-        annotations=meta.annotations,
-        finalizers=meta.finalizers,
-    ):
-        raise _hidden_by_hold(ctx)
-
-
-def _check_seen_after(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> None:
-    """An update's object must stay visible to the slice: its labels (checked before) and the
-    holds of other slices, which a relabel can make leave the object (removing the slice's own
-    last finalizer may hide it: :func:`vwserver.holds.hidden_by_relabel`)."""
-    meta = body.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    annotations = meta.get("annotations")
-    finalizers = meta.get("finalizers")
-    if hidden_by_relabel(
-        ctx.member,
-        stored_labels=stored.metadata.labels,
-        labels=meta.get("labels"),
-        annotations=annotations if isinstance(annotations, dict) else None,
-        finalizers=finalizers if isinstance(finalizers, list) else None,
-    ):
-        raise _hidden_by_hold(ctx)
-
-
-def _hidden_by_hold(ctx: ProxyRequest) -> Invalid:
-    return Invalid(
-        f'{ctx.api.resource} "{ctx.api.name}": the change would move the object out of a slice '
-        "that holds it (one of its finalizers was added through that slice), which would hide "
-        f"it from the slice {ctx.route.cluster}/{ctx.route.name} until that slice lets go",
-        details=_details(ctx),
-    )
-
-
-def _check_stays(labels: dict[str, str] | None, ctx: ProxyRequest) -> None:
-    violations = ctx.route.selector.violations(labels)
-    if violations:
-        raise _invalid(
-            ctx,
-            violations,
-            message=(
-                f'{ctx.api.resource} "{ctx.api.name}": the change would move the object out of '
-                f"the slice {ctx.route.cluster}/{ctx.route.name} (labels must satisfy "
-                f"{ctx.route.selector.render()!r})"
-            ),
-        )
-
-
-def _check_labels(labels: Any, *, deletions: bool = False) -> None:
-    """Labels are a map of strings to strings (the apiserver refuses anything else when it
-    decodes ObjectMeta); a merge patch may also delete a label with null. The proxy's selector
-    checks need the same reading of them as kcp's."""
-    if labels is None:
-        return
-    if not isinstance(labels, dict):
-        raise BadRequest("metadata.labels must be an object of strings")
-    for key, value in labels.items():
-        if not isinstance(value, str) and not (deletions and value is None):
-            raise BadRequest(f"metadata.labels[{key}]: the value must be a string")
+    read: Stored | web.StreamResponse | None
+    fresh: bool = True
+    """kcp's own read (False: the shared cache's copy)."""
 
 
 def _label_for_create(
@@ -722,13 +605,13 @@ def _label_for_create(
         # The apiserver answers this with a 500; it is the client's mistake.
         raise BadRequest("metadata.resourceVersion must not be set on objects to be created")
     labels = meta.get("labels") or {}
-    _check_labels(labels)
+    write_plan.check_labels(labels)
     for key, value in selector.required_labels().items():
         if key in labels and labels[key] != value:
             raise Invalid(
                 f"metadata.labels[{key}]: {labels[key]!r} conflicts with the slice, "
                 f"which requires {key}={value}",
-                details={"causes": [_cause(key, f"must be {value!r} in this slice")]},
+                details={"causes": [write_plan.cause(key, f"must be {value!r} in this slice")]},
             )
         labels.setdefault(key, value)
     meta["labels"] = labels
@@ -738,64 +621,12 @@ def _label_for_create(
         raise Invalid(
             f"{names}: the object would be outside the slice "
             f"(labels must satisfy {selector.render()!r})",
-            details={"causes": [_cause(r.key, f"must satisfy {r.render()}") for r in violations]},
+            details={
+                "causes": [
+                    write_plan.cause(r.key, f"must satisfy {r.render()}") for r in violations
+                ]
+            },
         )
-
-
-def _invalid(ctx: ProxyRequest, violations: list[Requirement], *, message: str) -> Invalid:
-    # kubectl prints the causes rather than the message when there are any: say it there too.
-    details: dict[str, object] = {
-        **_details(ctx),
-        "causes": [
-            _cause(
-                r.key,
-                f"must satisfy {r.render()}: the change would move the object out of "
-                f"the slice {ctx.route.cluster}/{ctx.route.name}",
-            )
-            for r in violations
-        ],
-    }
-    return Invalid(message, details=details)
-
-
-def _cause(key: str, message: str) -> dict[str, str]:
-    return {"reason": "FieldValueInvalid", "message": message, "field": f"metadata.labels[{key}]"}
-
-
-def _labels(body: dict[str, Any]) -> dict[str, str] | None:
-    meta = body.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    _check_labels(labels)
-    return labels
-
-
-def _with_resource_version(
-    body: dict[str, Any], stored: Stored, ctx: ProxyRequest
-) -> dict[str, Any]:
-    """The object conditional on the checked resourceVersion; a client's own resourceVersion
-    that differs is the client's 409."""
-    meta = body.get("metadata")
-    if meta is not None and not isinstance(meta, dict):
-        raise BadRequest("metadata must be an object")
-    rv = stored.metadata.resourceVersion
-    given = (meta or {}).get("resourceVersion")
-    if given and given != rv:
-        raise _kept_changing(ctx)  # the apiserver's answer to a stale resourceVersion
-    send = copy.copy(body)
-    send["metadata"] = {**(meta or {}), "resourceVersion": rv}
-    return send
-
-
-def _patch_precondition(
-    patch: dict[str, Any] | list[Any], stored: Stored, content_type: str, ctx: ProxyRequest
-) -> dict[str, Any] | list[Any]:
-    """The patch made conditional on the resourceVersion the proxy checked."""
-    rv = stored.metadata.resourceVersion
-    if isinstance(patch, list):  # JSON patch: a leading test op is the precondition
-        return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *patch]
-    # merge and apply patches carrying metadata.resourceVersion are preconditions: the
-    # apiserver answers 409 Conflict when it differs.
-    return _with_resource_version(patch, stored, ctx)
 
 
 class PointerError(ValueError):
@@ -858,7 +689,7 @@ def _check_json_patch(ops: list[Any]) -> None:
             # Values written into labels must be strings (a map of strings for the whole map).
             path, value = tokens["path"], op.get("value")
             if path == _LABELS_TOKENS:
-                _check_labels(value)
+                write_plan.check_labels(value)
             elif len(path) == 3 and path[:2] == _LABELS_TOKENS and not isinstance(value, str):
                 raise BadRequest(f"JSON patch operation {i}: a label value must be a string")
         written = [tokens["path"]]
@@ -894,7 +725,7 @@ async def _parse_patch(ctx: ProxyRequest, content_type: str) -> dict[str, Any] |
         patch = decode_json(raw)
         meta = patch.get("metadata") if isinstance(patch, dict) else None
         if isinstance(meta, dict):
-            _check_labels(meta.get("labels"), deletions=True)
+            write_plan.check_labels(meta.get("labels"), deletions=True)
     elif content_type == APPLY_PATCH:
         patch = decode_yaml(raw)
     elif content_type == _APPLY_CBOR:

@@ -1,0 +1,196 @@
+"""Upstream requests per write through a slice, against real kcp (issue 23): one write where the
+shared cache has the checked object (update, status update and patches, merge and JSON patch,
+delete), one GET more where it does not; apply keeps its dry run. A cache behind kcp costs a
+GET and a write more and the client never sees the conflict; a cache behind a move out of the
+slice writes nothing and answers as for a missing object.
+
+The proxy's count is vwserver's own ``vwserver_upstream_requests_total``; the table is
+:data:`tests.support.write_cost.WRITES` (also run against the fake: test_write_cost.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from devenv.bootstrap import Bootstrap
+from devenv.kcp import KcpInstance
+from tests.security.test_write_options_kcp import Kit, unique
+from tests.support.slices import slices_over_kcp
+from tests.support.write_cost import (
+    JSON,
+    JSON_PATCH,
+    MERGE,
+    WRITES,
+    Write,
+    behind,
+    cost,
+    until_cached,
+    widgets_cache,
+)
+from vwserver.cache.registry import CacheRegistry
+from vwserver.clock import SystemClock
+from vwserver.k8s.client import KubeClient
+from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.proxy.patches import apply_json_patch, apply_merge_patch
+from vwserver.selector import Selector
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+UNCACHED = "prod-direct"  # the same selector, reads (and write checks) always from kcp
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def cost_kit(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[tuple[Kit, CacheRegistry]]:
+    ws = world.consumer("consumer-a")
+    namespace = unique("cost")
+    slices = {"prod": Selector.parse("env=prod"), UNCACHED: Selector.parse("env=prod")}
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(KubeClient(auth=auth))
+        registry = CacheRegistry(client=client, clock=SystemClock())
+        stack.push_async_callback(registry.aclose)
+        base = await stack.enter_async_context(
+            slices_over_kcp(
+                kcp, world, slices=slices, page_size=50, cache=registry, uncached=(UNCACHED,)
+            )
+        )
+        admin = await stack.enter_async_context(
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=kcp.ssl_context()),
+                headers={"Authorization": f"Bearer {kcp.admin_token}"},
+                timeout=aiohttp.ClientTimeout(total=30),
+            )
+        )
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        )
+        await kcp.kubectl("create", "namespace", namespace, server=ws.url)
+        kit = Kit(kcp, ws, namespace, admin, session, base, world)
+        try:
+            # A LIST through the cached slice starts the widgets' shared cache (as a
+            # controller's watch would).
+            async with session.get(kit.through()) as resp:
+                assert resp.status == 200, await resp.text()
+            assert widgets_cache(registry).synced
+            yield kit, registry
+        finally:
+            with contextlib.suppress(Exception):
+                await kcp.kubectl("delete", "namespace", namespace, "--wait=false", server=ws.url)
+
+
+def _key(kit: Kit, name: str) -> tuple[str, str, str]:
+    return (kit.ws.cluster, kit.namespace, name)
+
+
+async def _created(kit: Kit, registry: CacheRegistry, name: str) -> dict[str, Any]:
+    obj = await kit.create(name)
+    rv = int(obj["metadata"]["resourceVersion"])
+    await until_cached(registry, _key(kit, name), newer_than=rv - 1)
+    return obj
+
+
+@pytest.mark.parametrize("write", WRITES, ids=[w.name for w in WRITES])
+async def test_a_write_costs_kcp_one_request_when_cached(
+    cost_kit: tuple[Kit, CacheRegistry], write: Write
+) -> None:
+    kit, registry = cost_kit
+    for slice_name, expected in (("prod", write.cached), (UNCACHED, write.uncached)):
+        name = unique("w")
+        obj = await _created(kit, registry, name)
+        url = f"{kit.through(slice_name)}/{name}"
+        spent, status, doc = await cost(kit.client, kit.base, url, write, obj)
+        assert status in write.ok, (slice_name, doc)
+        assert spent == expected, slice_name
+        if write.content_type in (MERGE, JSON_PATCH) and not write.path:
+            # kcp stored what the proxy computed and checked: no admission changed the
+            # membership fields of these widgets.
+            body = write.body(obj)
+            local = (apply_merge_patch if write.content_type == MERGE else apply_json_patch)(
+                obj, body
+            )
+            for key in ("labels", "annotations", "finalizers"):
+                assert doc["metadata"].get(key) == local["metadata"].get(key), key
+        if write.method == "DELETE":
+            assert await kit.stored(name) is None or (await kit.stored(name) or {}).get(
+                "metadata", {}
+            ).get("deletionTimestamp")
+        await kit.forget(name)
+
+
+async def test_create_costs_kcp_one_request(cost_kit: tuple[Kit, CacheRegistry]) -> None:
+    kit, _ = cost_kit
+    for slice_name in ("prod", UNCACHED):
+        name = unique("c")
+        body = {"apiVersion": "example.io/v1alpha1", "kind": "Widget", "metadata": {"name": name}}
+        create = Write("create", "POST", JSON, lambda _, body=body: body, 1, 1, ok=(201,))
+        spent, status, doc = await cost(kit.client, kit.base, kit.through(slice_name), create, {})
+        assert status == 201, doc
+        assert spent == 1
+        await kit.forget(name)
+
+
+@pytest.mark.parametrize(
+    "write", [w for w in WRITES if w.method != "DELETE"], ids=lambda w: str(w.name)
+)
+async def test_a_cache_behind_kcp_costs_a_fresh_read_never_a_conflict(
+    cost_kit: tuple[Kit, CacheRegistry], write: Write
+) -> None:
+    kit, registry = cost_kit
+    name = unique("behind")
+    obj = await _created(kit, registry, name)
+    older = widgets_cache(registry).store.get(_key(kit, name))
+    assert older is not None
+    async with kit.admin.patch(
+        f"{kit.direct}/{name}",
+        data=json.dumps({"spec": {"size": 5}}),
+        headers={"Content-Type": MERGE},
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+    await until_cached(registry, _key(kit, name), newer_than=older.meta.resource_version)
+    behind(registry, older)
+    blind = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    url = f"{kit.through()}/{name}"
+    spent, status, doc = await cost(kit.client, kit.base, url, write, {**obj, "metadata": blind})
+    assert status == 200, doc
+    # The write under the cache's resourceVersion (409; a JSON patch's failed test: 422; a
+    # status apply's 409, then a GET to tell it from a field conflict), the GET, the write;
+    # the apply: its dry run (409), the GET, the dry run, the write.
+    assert spent == (4 if write.name == "apply" else 3)
+    await kit.forget(name)
+
+
+async def test_a_cache_behind_a_move_out_writes_nothing_and_answers_as_missing(
+    cost_kit: tuple[Kit, CacheRegistry],
+) -> None:
+    kit, registry = cost_kit
+    name = unique("left")
+    obj = await _created(kit, registry, name)
+    older = widgets_cache(registry).store.get(_key(kit, name))
+    assert older is not None
+    patch = {"metadata": {"labels": {"env": "dev"}}}
+    async with kit.admin.patch(
+        f"{kit.direct}/{name}", data=json.dumps(patch), headers={"Content-Type": MERGE}
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        moved = await resp.json()
+    await until_cached(registry, _key(kit, name), newer_than=older.meta.resource_version)
+    for write in WRITES:
+        behind(registry, older)
+        url = f"{kit.through()}/{name}"
+        _, status, doc = await cost(kit.client, kit.base, url, write, obj)
+        assert status == 404, (write.name, doc)
+        assert doc["reason"] == "NotFound"
+        assert name in doc["message"]
+    after = await kit.stored(name)
+    assert (
+        after is not None
+        and after["metadata"]["resourceVersion"] == moved["metadata"]["resourceVersion"]
+    )
+    await kit.forget(name)
