@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from vwserver.errors import Conflict, HeldFinalizer, Invalid, RequestError
-from vwserver.holds import HOLDS_ANNOTATION, RELEASE_ANNOTATION, Member, slice_id
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    RELEASE_ANNOTATION,
+    Member,
+    holder_label,
+    label_pointer,
+    slice_id,
+)
 from vwserver.proxy.filtering import decode_head
 from vwserver.proxy.holding import Stored
 from vwserver.proxy.patches import PatchError
@@ -436,7 +443,10 @@ def test_a_patch_that_adds_a_finalizer_records_the_hold(
         value = meta(decision)["annotations"][HOLDS_ANNOTATION]
     else:
         assert isinstance(decision.body, list)
-        op = decision.body[-1]
+        # After the client's operations: the holds annotation's, then the holder label's.
+        *_, op, label_op = decision.body
         assert op["path"] == last
         value = op["value"] if last.endswith("holds") else op["value"][HOLDS_ANNOTATION]
+        assert label_op["op"] == "add" and label_op["value"] == "true"
+        assert label_op["path"] == label_pointer(holder_label(SID))
     assert json.loads(value) == {SID: {"finalizers": ["f"]}}

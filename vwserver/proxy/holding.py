@@ -93,7 +93,7 @@ def _annotations_written(ctx: WriteTarget) -> Invalid:
     )
 
 
-def _holder_labels_written(ctx: ProxyRequest, keys: list[str]) -> Invalid:
+def _holder_labels_written(ctx: WriteTarget, keys: list[str]) -> Invalid:
     return Invalid(
         "metadata.labels: the holder labels (holder.sync.edge-connect.eu/…) are written only "
         "by vwserver; a write through a slice cannot set or change them",
