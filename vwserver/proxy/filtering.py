@@ -263,7 +263,7 @@ def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) ->
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     out_of_scope = 0
-    if scope is not ANYWHERE:
+    if scope != ANYWHERE:  # e.g. a LIST on clusters/* admits every object: no pass
         kept = [(e, m) for e, m in zip(entries, metas, strict=True) if m is None or scope.admits(m)]
         out_of_scope = len(entries) - len(kept)
         if out_of_scope:

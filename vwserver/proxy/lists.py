@@ -163,13 +163,14 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 visible = page.members(ctx.member, client)
             else:
                 visible = page.visible(selector, ctx.member)
+            if following is None:
+                # The last entries, the list's end and the chunked body's end: one write.
+                last = writer.entries(visible, last=True)
+                break
             chunk = writer.entries(visible)
             if chunk:
                 await response.write(chunk)
-            if following is None:
-                break
             page, following = await following, None
-        await response.write(writer.end())
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
         # Caught here, not in the handler: count it as the upstream error it is.
         kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
@@ -182,7 +183,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await following
-    await response.write_eof()
+    await response.write_eof(last)
     return response
 
 
@@ -209,9 +210,7 @@ async def serve_apibindings_list(ctx: ProxyRequest) -> web.StreamResponse:
     )
     if ctx.representation.yaml:
         headers["Content-Type"] = YAML_CONTENT_TYPE
-    return web.Response(
-        status=200, body=writer.entries(page.entries) + writer.end(), headers=headers
-    )
+    return web.Response(status=200, body=writer.entries(page.entries, last=True), headers=headers)
 
 
 def next_page_size(asked: int, page: Page, *, floor: int) -> int:
@@ -259,22 +258,29 @@ class _ListWriter:
         self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
         self._empty = yamlout.empty_list_parts(fields, entries_key=key)
 
-    def entries(self, visible: Sequence[bytes | msgspec.Raw]) -> bytes:
+    def entries(self, visible: Sequence[bytes | msgspec.Raw], *, last: bool = False) -> bytes:
+        """The bytes of ``visible`` in the response (after the opening, for the first entries),
+        and with ``last`` the list's end after them — copied once, in one join."""
         if not visible:
-            return b""
-        raws: list[bytes | msgspec.Raw] = (
+            return self.end() if last else b""
+        parts: list[bytes | msgspec.Raw] = (
             [strip_row_object(r) for r in visible] if self._strip else list(visible)
         )
         if self._yaml:
-            body = b"".join(yamlout.entry(r) for r in raws)
-        else:
-            body = b",".join(raws)
-            if not self._first:
-                body = b"," + body
-        if self._first:
-            body = self._head + body
+            parts = [yamlout.entry(r) for r in parts]
+            if self._first:
+                parts.insert(0, self._head)
+            if last:
+                parts.append(self._tail)
             self._first = False
-        return body
+            return b"".join(parts)
+        # Joined with "," in one pass: the opening (or the separator from the page before)
+        # goes before the first entry, the end after the last.
+        parts[0] = b"".join((self._head if self._first else b",", parts[0]))
+        if last:
+            parts[-1] = b"".join((parts[-1], self._tail))
+        self._first = False
+        return b",".join(parts)
 
     def end(self) -> bytes:
         if self._first:  # no entry at all
