@@ -6,9 +6,11 @@ Memory is bounded by one upstream page, never by the size of the list:
   exactly one upstream request per request, with its own limit and token, and the combined
   selector pushed down — the upstream's continue token stays valid because every page of that
   list carries the same selector;
-* a client that asks for everything is served by the proxy paging upstream with
-  ``listPageSize`` and writing each page's matching items as soon as it has them. The response is
-  one list; its resourceVersion is the first page's, which is the snapshot every page is read at.
+* a client that asks for everything is served by the proxy paging upstream — ``listPageSize``
+  first, then pages that double, bounded in objects and bytes (:func:`next_page_size`: kcp's
+  cost grows with the number of pages) — and writing each page's matching items as soon as it
+  has them, while the next page is read. The response is one list; its resourceVersion is the
+  first page's, which is the snapshot every page is read at.
 
 A slice that records holds cannot push its own selector down (an object it holds is in it
 whatever its labels), so kcp's pages may hold little or nothing it sees. A client page is then
