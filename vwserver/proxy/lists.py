@@ -221,14 +221,14 @@ def next_page_size(asked: int, page: Page, *, floor: int) -> int:
     ``page``'s bytes per object and :data:`MAX_PAGE`, never below ``floor`` (``listPageSize``,
     the first page's).
 
-    Why grow: every page is a LIST of its own for kcp, and small pages multiply its cost
-    (measured on kcp v0.32.3's APIExport VW, 10,000 objects, 5,000 of them selected, kcp's CPU
-    per whole list over its unpaged LIST: pages of 500 1.98 times, of 1,000 1.34, of 2,000
-    0.84, of 5,000 1.08; at 100,000 objects pages of 500 cost 4 times). Doubling keeps the
-    first answer quick and the upstream's next page overlapping the proxy's work on this one,
-    while the number of pages grows with the logarithm of the list (5,000 objects: 4 pages
-    instead of 10; 50,000: 9 instead of 100); the byte bound keeps memory at two pages of a
-    few MiB whatever the object count."""
+    Why grow: every page is a LIST of its own for kcp, and many small pages multiply its cost
+    (at 100,000 objects, paging at 500 cost kcp 4 times its unpaged LIST; at 10,000 objects,
+    5,000 selected, two quick runs on a loaded 2-core machine gave 1.05 to 1.98 times at 500
+    and 0.84 to 1.14 times at 1,000 to 5,000). Doubling keeps the first answer quick and the
+    upstream's next page overlapping the proxy's work on this one, while the number of pages
+    grows with the logarithm of the list (5,000 objects: 4 pages instead of 10; 50,000: 9
+    instead of 100); the byte bound keeps memory at two pages of a few MiB whatever the object
+    count."""
     received = len(page.entries) + page.out_of_scope
     grown = min(2 * asked, MAX_PAGE)
     if received:
