@@ -58,9 +58,16 @@ __all__ = [
 ]
 
 JSON = dict[str, Any]
-# (cluster, namespace, name); namespace is "" for cluster-scoped resources. Tuples sort like the
-# etcd keys ``.../<cluster>/<namespace>/<name>`` closely enough for paging to be stable.
+# (cluster, namespace, name); namespace is "" for cluster-scoped resources.
 Key = tuple[str, str, str]
+
+
+def _order(key: Key) -> tuple[str, str, str]:
+    """Where ``key`` sorts: as kcp's etcd keys ``.../<cluster>/<namespace>/<name>`` do, by their
+    bytes (kcp v0.32.3 lists namespace ``ns-x`` before ``ns``: ``-`` sorts before ``/``) — each
+    part ended by its ``/``, which no part contains, compares as the joined key."""
+    return (key[0] + "/", key[1] + "/", key[2])
+
 
 CLUSTER_ANNOTATION: Final = "kcp.io/cluster"
 INITIAL_EVENTS_END_ANNOTATION: Final = "k8s.io/initial-events-end"
@@ -294,10 +301,13 @@ class _Resource:
 def _scope_bounds(keys: list[Key], cluster: str | None, namespace: str | None) -> tuple[int, int]:
     if cluster is None:
         return 0, len(keys)
+    c = cluster + "/"
     if namespace is None:
-        return bisect.bisect_left(keys, (cluster,)), bisect.bisect_left(keys, (cluster + "\0",))
-    lo = bisect.bisect_left(keys, (cluster, namespace))
-    return lo, bisect.bisect_left(keys, (cluster, namespace + "\0"))
+        lo = bisect.bisect_left(keys, (c, "", ""), key=_order)
+        return lo, bisect.bisect_left(keys, (c + "\0", "", ""), key=_order)
+    n = namespace + "/"
+    lo = bisect.bisect_left(keys, (c, n, ""), key=_order)
+    return lo, bisect.bisect_left(keys, (c, n + "\0", ""), key=_order)
 
 
 def _in_scope(key: Key, cluster: str | None, namespace: str | None) -> bool:
@@ -396,7 +406,7 @@ class Store:
         prev = res.objects.get(key)
         res.objects[key] = stored
         if prev is None:
-            bisect.insort(res.keys, key)
+            bisect.insort(res.keys, key, key=_order)
         self._record(
             res, Event("ADDED" if prev is None else "MODIFIED", self.rv, key, stored, prev)
         )
@@ -405,7 +415,7 @@ class Store:
     def commit_delete(self, spec: ResourceSpec, key: Key) -> Event:
         res = self._res(spec)
         prev = res.objects.pop(key)
-        del res.keys[bisect.bisect_left(res.keys, key)]
+        del res.keys[bisect.bisect_left(res.keys, _order(key), key=_order)]
         self.rv += 1
         event = Event("DELETED", self.rv, key, None, prev)
         self._record(res, event)
@@ -426,7 +436,7 @@ class Store:
             new_keys.append(key)
             self._record(res, Event("ADDED", self.rv, key, stored, None))
             count += 1
-        res.keys = sorted(res.keys + new_keys) if new_keys else res.keys
+        res.keys = sorted(res.keys + new_keys, key=_order) if new_keys else res.keys
         return count
 
     # --- reads at a resourceVersion ----------------------------------------------------------
@@ -468,12 +478,16 @@ class Store:
                 k for k, v in overlay.items() if v is not None and _in_scope(k, cluster, namespace)
             )
             snapshot: list[tuple[Key, StoredObject]] = []
-            for key in sorted(keys):
+            for key in sorted(keys, key=_order):
                 value = overlay[key] if key in overlay else res.objects[key]
                 assert value is not None
                 snapshot.append((key, value))
             entry = snapshot.__getitem__
-            start = 0 if after is None else bisect.bisect_right([k for k, _ in snapshot], after)
+            start = (
+                0
+                if after is None
+                else bisect.bisect_right([_order(k) for k, _ in snapshot], _order(after))
+            )
             end = len(snapshot)
         else:
             keys_now, objects_now = res.keys, res.objects
@@ -481,7 +495,11 @@ class Store:
             def entry(i: int) -> tuple[Key, StoredObject]:
                 return keys_now[i], objects_now[keys_now[i]]
 
-            start = lo if after is None else max(lo, bisect.bisect_right(res.keys, after))
+            start = (
+                lo
+                if after is None
+                else max(lo, bisect.bisect_right(res.keys, _order(after), key=_order))
+            )
             end = hi
         items: list[StoredObject] = []
         last_key: Key | None = None

@@ -15,14 +15,15 @@ import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from vwserver import clientconfig
-from vwserver.config import Config, load_config
+from vwserver.config import Config, check_workers, load_config
 from vwserver.errors import ConfigError
 from vwserver.logs import configure_logging
-from vwserver.server import serve
+from vwserver.server import WorkerRole, serve
 from vwserver.syncer import cli as syncer_cli
+from vwserver.workers import supervise, watch_parent
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the filtering proxy")
     serve.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes serving the listen port, each one core (default: the config's workers, 1)",
+    )
+    # Internal: the parent of several workers starts each with its role (vwserver.workers).
+    serve.add_argument("--worker-role", type=WorkerRole.decode, help=argparse.SUPPRESS)
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     clientconfig.add_parser(sub)
@@ -66,30 +75,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.slices)} slice(s))")
         return 0
-    configure_logging(level=config.log_level, fmt=config.log_format)
+    workers = config.workers
+    if args.workers is not None:
+        try:
+            check_workers(args.workers, field="--workers")
+        except ConfigError as e:
+            print(f"vwserver serve: {e}", file=sys.stderr)
+            return 2
+        workers = args.workers
+    role: WorkerRole | None = args.worker_role
+    configure_logging(
+        level=config.log_level,
+        fmt=config.log_format,
+        worker=role.index if role is not None else None,
+    )
     try:
-        _run(_serve(args.config.parent, config))
+        if role is None and workers > 1:
+            return _run(_supervise(args.config, config, workers))
+        _run(_serve(args.config.parent, config, role=role))
     except ConfigError as e:
         print(f"vwserver: invalid configuration: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-async def _serve(base_dir: Path, config: Config) -> None:
+def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await serve(config, base_dir=base_dir, stop=stop)
+    return stop
 
 
-def _run(coro: Coroutine[Any, Any, None]) -> None:
+async def _serve(base_dir: Path, config: Config, *, role: WorkerRole | None) -> None:
+    stop = _stop_on_signals()
+    if role is not None:
+        await watch_parent(stop)
+    await serve(config, base_dir=base_dir, stop=stop, role=role)
+
+
+async def _supervise(path: Path, config: Config, workers: int) -> int:
+    return await supervise(config, config_path=path, count=workers, stop=_stop_on_signals())
+
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

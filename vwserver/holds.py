@@ -12,7 +12,12 @@ to look like that to A, and B is held back until A has let go:
   the annotation :data:`HOLDS_ANNOTATION` (JSON: ``{"<slice cluster>/<slice name>":
   {"finalizers": [...], "leavingSince": "<RFC 3339>", "leavingLabels": {...}}}``), written by
   the proxy in the same request that adds the finalizer. kcp is the only persistence: every
-  replica, and a restarted one, computes the same views from the object alone.
+  replica, and a restarted one, computes the same views from the object alone. Beside it, one
+  label per holder (:func:`holder_label`), changed in the same write as the annotation
+  (:attr:`WritePlan.labels`, :func:`holder_label_changes`): kcp's label selectors cannot read
+  the annotation, and a LIST kcp answers asks for "held by this slice" with the label
+  (:mod:`vwserver.proxy.lists`). The annotation stays the authority — a stray label costs a
+  filtered row; a missing one hides the hold from such a LIST until the handoff loop repairs it.
 * **Membership** (:func:`sees`): slice S sees object O iff (O's labels match S and no slice
   that holds O is letting go of it — stopped matching O, or its leave was recorded) or S holds
   O. An entry counts only while one of its finalizers is still on the object, so a stale entry
@@ -62,6 +67,7 @@ The proxy (writes, reads) and the cache's views ask these functions and nothing 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,6 +81,7 @@ from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
 from vwserver.selector import Selector
 
 __all__ = [
+    "HOLDER_LABEL_PREFIX",
     "HOLDS_ANNOTATION",
     "RELEASE_ANNOTATION",
     "Hold",
@@ -88,7 +95,12 @@ __all__ = [
     "guards",
     "held",
     "hidden_by_relabel",
+    "holder_label",
+    "holder_label_changes",
+    "holder_labels",
     "implied_labels",
+    "is_holder_label",
+    "label_pointer",
     "leaving_safe",
     "leaving_since",
     "parse_holds",
@@ -115,6 +127,13 @@ MAX_HOLD_TIMEOUT_SECONDS: Final = 7 * 24 * 3600.0
 """The longest hold a slice may ask for (a week): beyond it a bound would be one in name only."""
 PROXY_ANNOTATIONS: Final = frozenset({HOLDS_ANNOTATION, RELEASE_ANNOTATION})
 """Annotations no client may write through a slice."""
+HOLDER_LABEL_PREFIX: Final = "holder.sync.edge-connect.eu/"
+"""The prefix of the holder labels (:func:`holder_label`): one label per slice that has an entry
+in :data:`HOLDS_ANNOTATION`, written in the same write as the entry, so that kcp can be asked
+for "the objects this slice holds" with a label selector. No client may write them through a
+slice."""
+HOLDER_LABEL_VALUE: Final = "true"
+"""The value of every holder label (what is asked for is the key's existence)."""
 ORPHAN_FINALIZER: Final = "orphan"
 """metav1.FinalizerOrphanDependents: a deletion that orphans the dependents is in progress."""
 FOREGROUND_FINALIZER: Final = "foregroundDeletion"
@@ -131,9 +150,51 @@ def annotation_pointer(key: str) -> str:
     return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
+def label_pointer(key: str) -> str:
+    """The JSON pointer of label ``key``."""
+    return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+
+
 def slice_id(cluster: str, name: str) -> str:
     """A slice's id in the holds annotation: its logical cluster and name."""
     return f"{cluster}/{name}"
+
+
+@functools.lru_cache(maxsize=1024)
+def holder_label(sid: str) -> str:
+    """The label key that says "slice ``sid`` holds this object": :data:`HOLDER_LABEL_PREFIX`
+    and the first 40 hex digits of the SHA-256 of the slice id. A label's name part is at most
+    63 characters of ``[A-Za-z0-9_.-]`` and a slice id (``<cluster>/<name>``) is up to ~290
+    characters with a ``/``, so the id itself cannot be the name; 160 bits of digest make two
+    slices sharing a label out of reach (and a shared label would only cost filtered rows: the
+    annotation decides membership)."""
+    return HOLDER_LABEL_PREFIX + hashlib.sha256(sid.encode()).hexdigest()[:40]
+
+
+def is_holder_label(key: str) -> bool:
+    """Whether label ``key`` is one of vwserver's holder labels (no client writes them)."""
+    return key.startswith(HOLDER_LABEL_PREFIX)
+
+
+def holder_labels(annotation: str | None) -> dict[str, str]:
+    """The holder labels an object whose holds annotation is ``annotation`` (as written,
+    :func:`render_holds`) must carry: one per slice with an entry."""
+    return {holder_label(sid): HOLDER_LABEL_VALUE for sid in parse_holds(annotation)}
+
+
+def holder_label_changes(
+    labels: Mapping[str, str] | None, annotation: str | None
+) -> dict[str, str | None]:
+    """What a write must change in ``labels`` so that the holder labels are exactly those of
+    ``annotation`` (:func:`holder_labels`): each missing one set, each other one removed
+    (None). Empty when they already are. The annotation is the authority — a label is only
+    the index kcp can be asked by; a stray one (written in kcp directly) costs a filtered row,
+    a missing one hides the hold from a pass-through read until the handoff loop repairs it."""
+    wanted = holder_labels(annotation)
+    have = {k: v for k, v in (labels or {}).items() if is_holder_label(k)}
+    changes: dict[str, str | None] = {k: None for k in have if k not in wanted}
+    changes.update({k: v for k, v in wanted.items() if have.get(k) != v})
+    return changes
 
 
 class Hold(msgspec.Struct, omit_defaults=True, frozen=True):
@@ -358,6 +419,14 @@ class WritePlan:
     """The holds annotation the written object must carry (None: none)."""
     changed: bool
     """Whether that differs from what the stored object carries."""
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    """The holder labels the write must change (:func:`holder_label_changes`; None: remove),
+    relative to the labels the client's write leaves on the object."""
+
+    @property
+    def changes(self) -> bool:
+        """Whether the write must change the annotation or a holder label."""
+        return self.changed or bool(self.labels)
 
 
 def plan_write(
@@ -406,7 +475,11 @@ def plan_write(
         merged = tuple(dict.fromkeys([*mine.finalizers, *added]))
         holds[member.id] = replace(mine, finalizers=merged)
     value = render_holds(holds)
-    return WritePlan(annotation=value, changed=value != render_holds(recorded))
+    return WritePlan(
+        annotation=value,
+        changed=value != render_holds(recorded),
+        labels=holder_label_changes(result_labels, value),
+    )
 
 
 def check_gc_finalizers(before: Iterable[str] | None, after: Iterable[str] | None) -> None:

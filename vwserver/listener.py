@@ -354,10 +354,12 @@ class GuardedSite(web.BaseSite):
         limits: ConnectionLimits,
         ssl_context: SSLContext | None = None,
         metrics: ServerMetrics | None = None,
+        reuse_port: bool = False,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
         self._host = host
         self._port = port
+        self._reuse_port = reuse_port
         self._limits = limits
         self._clients = _Clients(limit=limits.max_connections_per_client, metrics=metrics)
         self._listener: asyncio.Server | None = None
@@ -397,6 +399,7 @@ class GuardedSite(web.BaseSite):
             self._port,
             ssl=self._ssl_context,
             backlog=self._backlog,
+            reuse_port=self._reuse_port or None,
             ssl_handshake_timeout=self._limits.header_timeout if self._ssl_context else None,
         )
 
@@ -411,6 +414,7 @@ async def listening(
     ssl_context: SSLContext | None = None,
     metrics: ServerMetrics | None = None,
     shutdown_timeout: float = 60.0,
+    reuse_port: bool = False,
 ) -> AsyncIterator[GuardedSite]:
     """Serve ``app`` on ``host:port`` until the block ends (then a graceful ``runner.cleanup``).
 
@@ -418,6 +422,8 @@ async def listening(
     upstream request at once instead of holding an idle watch open.
     ``shutdown_timeout``: how long the cleanup lets requests in flight finish before it cancels
     them (aiohttp waits for every connection's handler concurrently).
+    ``reuse_port``: bind with ``SO_REUSEPORT``, beside the other workers of one server on the
+    same port (:mod:`vwserver.workers`); the kernel spreads new connections across them.
     """
     scrub_aiohttp_logs()
     runner = web.AppRunner(
@@ -426,7 +432,13 @@ async def listening(
     await runner.setup()
     try:
         site = GuardedSite(
-            runner, host, port, limits=limits, ssl_context=ssl_context, metrics=metrics
+            runner,
+            host,
+            port,
+            limits=limits,
+            ssl_context=ssl_context,
+            metrics=metrics,
+            reuse_port=reuse_port,
         )
         await site.start()
         yield site

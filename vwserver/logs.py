@@ -42,7 +42,12 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "msg", "requestId"?, <fields>..., "exc"?}`` per line."""
+    """``{"time", "level", "logger", "msg", "worker"?, "requestId"?, <fields>..., "exc"?}`` per
+    line (``worker``: the process's index among ``vwserver serve --workers``)."""
+
+    def __init__(self, *, worker: int | None = None) -> None:
+        super().__init__()
+        self._worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
@@ -51,6 +56,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self._worker is not None:
+            doc["worker"] = self._worker
         request_id = REQUEST_ID.get()
         if request_id is not None:
             doc["requestId"] = request_id
@@ -85,14 +92,20 @@ def scrub_aiohttp_logs() -> None:
         logging.getLogger(name).addFilter(SCRUBBER)
 
 
-def formatter(fmt: LogFormat) -> logging.Formatter:
-    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+def formatter(fmt: LogFormat, *, worker: int | None = None) -> logging.Formatter:
+    """``worker``: one of several processes of ``vwserver serve``, named on every line."""
+    if fmt == "json":
+        return JsonFormatter(worker=worker)
+    if worker is None:
+        return logging.Formatter(TEXT_FORMAT)
+    return logging.Formatter(TEXT_FORMAT.replace("%(name)s", f"[worker {worker}] %(name)s"))
 
 
-def configure_logging(*, level: str, fmt: LogFormat) -> None:
-    """Log to stderr at ``level`` in ``fmt``, replacing any handler configured before."""
+def configure_logging(*, level: str, fmt: LogFormat, worker: int | None = None) -> None:
+    """Log to stderr at ``level`` in ``fmt``, replacing any handler configured before
+    (``worker``: see :func:`formatter`)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt))
+    handler.setFormatter(formatter(fmt, worker=worker))
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

@@ -157,6 +157,20 @@ class ServerMetrics:
             ["result"],
             registry=r,
         )
+        self.status_writes = Counter(
+            "vwserver_controller_status_writes",
+            "Slice status patches this process sent to kcp. Only the status writer writes: the "
+            "Lease holder (controller.lease), and with several workers worker 0 alone.",
+            registry=r,
+        )
+        self.handoff_writes = Counter(
+            "vwserver_handoff_writes",
+            "Writes of the handoff loop (a move recorded, a hold ended), by result: made, "
+            "failed (refused or not answered; decided again when the object changes). With "
+            "several workers only worker 0 runs the loop.",
+            ["result"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "vwserver_controller_queue_depth",
             "Slices waiting in the controller's work queue (not those waiting for a retry).",

@@ -72,6 +72,13 @@ class RouteTable:
         the rare paths that need it, not per request)."""
         return any(r.cluster == cluster and r.not_ready is None for r in self._routes.values())
 
+    def upstreams(self) -> set[str]:
+        """Every upstream URL (without a trailing ``/``) some route serves from, any shard's."""
+        urls: set[str] = set()
+        for route in self._routes.values():
+            urls.update(u.rstrip("/") for u in (route.upstream_url, *route.shards.values()) if u)
+        return urls
+
     def __iter__(self) -> Iterator[Route]:
         return iter(self._routes.values())
 

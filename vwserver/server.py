@@ -41,11 +41,13 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from vwserver.auth.access import AccessReviewer
@@ -56,7 +58,7 @@ from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
 from vwserver.config import Config, resolve, slice_selector
 from vwserver.config.base import client_auth
-from vwserver.controller.handoff import Handoff, StuckHolds
+from vwserver.controller.handoff import Handoff, HandoffRelay, StuckHolds, relayed
 from vwserver.controller.slice_status import WatchHealth
 from vwserver.controller.slices import TENANT_CONNECTIONS, ControllerSettings, SliceController
 from vwserver.errors import ConfigError
@@ -93,6 +95,45 @@ class Lifecycle:
     """Set when the listener closes: open watches end cleanly."""
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerRole:
+    """This process is worker ``index`` of ``count`` of one server (:mod:`vwserver.workers`).
+
+    Every worker listens on ``port`` with ``SO_REUSEPORT`` (the parent resolved a configured
+    port 0 and holds it) and serves, instead of the health listener, its health endpoints,
+    metrics and ``/debug/cache`` on a Unix socket in ``sockets`` (a directory only this user can
+    enter), where the parent aggregates them. Worker 0 is the server's one writer: it alone
+    writes slice status (and stands for the Lease) and runs the handoff loop; the others keep
+    their route tables with a controller that writes nothing and relay their cache's resources
+    and moves to worker 0 (:class:`~vwserver.controller.handoff.HandoffRelay`)."""
+
+    index: int
+    count: int
+    port: int
+    sockets: Path
+
+    @property
+    def writer(self) -> bool:
+        return self.index == 0
+
+    def socket_path(self, index: int) -> Path:
+        return self.sockets / f"worker-{index}.sock"
+
+    def encode(self) -> str:
+        return f"{self.index}/{self.count}/{self.port}/{self.sockets}"
+
+    @classmethod
+    def decode(cls, text: str) -> WorkerRole:
+        index, count, port, sockets = text.split("/", 3)
+        return cls(index=int(index), count=int(count), port=int(port), sockets=Path(sockets))
+
+
+HANDOFF_PATH = "/internal/handoff"
+"""Worker 0's endpoint for the other workers' :class:`HandoffRelay` (on its Unix socket only)."""
+WORKER_HEADER = "X-Vwserver-Worker"
+"""Set by a worker on every response of its internal socket: which worker answered."""
+
+
 _UPSTREAM_KEY = web.AppKey("upstream", UpstreamClient)
 ROUTES_KEY = web.AppKey("routes", Routes)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
@@ -124,7 +165,7 @@ def build_app(
     metrics: ServerMetrics | None = None,
     metrics_path: str | None = "/metrics",
     cache: CacheRegistry | None = None,
-    handoff: Handoff | None = None,
+    handoff: Handoff | HandoffRelay | None = None,
     handoff_interval: float = 2.0,
 ) -> web.Application:
     """The server's aiohttp app. ``ready`` gates ``/readyz`` (e.g. on the controller's first
@@ -138,7 +179,8 @@ def build_app(
     :data:`METRICS_KEY`, :data:`LIFECYCLE_KEY`. ``cache``: the shared watch cache that serves
     LIST and WATCH (None: every read goes to kcp); with it runs the handoff loop ``handoff``
     (default: one that scans the cache every ``handoff_interval`` seconds,
-    :mod:`vwserver.controller.handoff`).
+    :mod:`vwserver.controller.handoff`; a worker that is not the server's handoff writer passes
+    its :class:`HandoffRelay`).
     """
     metrics = metrics if metrics is not None else ServerMetrics()
     upstream.count_requests(metrics.count_upstream_request)
@@ -401,17 +443,22 @@ async def serve(
     stop: asyncio.Event,
     tls_reload_interval: float = DEFAULT_RELOAD_INTERVAL,
     service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+    role: WorkerRole | None = None,
 ) -> None:
     """Run the server (and, in kcp mode, the embedded controller) until ``stop`` is set, then
     shut down gracefully (see the module docstring). ``service_account_dir``: for tests of
-    ``upstream.inCluster``."""
+    ``upstream.inCluster``. ``role``: this process is one of several workers of one server
+    (:class:`WorkerRole`; None: the only process). A worker opens its slice listener only once
+    its controller has listed the slices: a connection the kernel hands it must never find a
+    slice missing that its siblings serve."""
     auth = await upstream_auth(config, base_dir=base_dir, service_account_dir=service_account_dir)
     static = static_routes(config, auth=auth)
     routes = Routes(static)
     metrics = ServerMetrics()
+    writer = role is None or role.writer
     async with contextlib.AsyncExitStack() as stack:
         cache = None
-        handoff = None
+        handoff: Handoff | HandoffRelay | None = None
         if config.cache.enabled:
             cache_client = await stack.enter_async_context(KubeClient(auth=auth))
             cache = CacheRegistry(
@@ -422,7 +469,12 @@ async def serve(
                 metrics=metrics,
             )
             stack.push_async_callback(cache.aclose)
-            handoff = Handoff(registry=cache, routes=routes, clock=cache.clock, metrics=metrics)
+            if writer:
+                handoff = Handoff(registry=cache, routes=routes, clock=cache.clock, metrics=metrics)
+            else:
+                assert role is not None
+                relay = await stack.enter_async_context(RelayClient(role.socket_path(0)))
+                handoff = HandoffRelay(registry=cache, send=relay.send, clock=cache.clock)
         controller = None
         if config.controller is not None:
             client = await stack.enter_async_context(KubeClient(auth=auth))
@@ -438,10 +490,11 @@ async def serve(
                 routes=routes,
                 static=static,
                 metrics=metrics,
-                stuck_holds=handoff.stuck if handoff is not None else None,
+                stuck_holds=handoff.stuck if isinstance(handoff, Handoff) else None,
                 upstream_watches=functools.partial(watch_health, cache)
                 if cache is not None
                 else None,
+                writes_status=writer,
             )
             task = asyncio.create_task(controller.run(), name="slice-controller")
             stack.push_async_callback(_cancel, task)
@@ -466,7 +519,55 @@ async def serve(
             stop=stop,
             routes=routes,
             tls_reload_interval=tls_reload_interval,
+            role=role,
+            handoff=handoff if isinstance(handoff, Handoff) else None,
+            synced=controller.synced.wait if controller is not None else None,
         )
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class RelayClient:
+    """A worker's client of worker 0's :data:`HANDOFF_PATH`, over worker 0's Unix socket."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._session: aiohttp.ClientSession | None = None
+        self._failing_since: float | None = None
+
+    async def __aenter__(self) -> RelayClient:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(self._path)),
+            timeout=aiohttp.ClientTimeout(total=5),
+        )
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def send(self, message: dict[str, Any]) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.post(f"http://worker-0{HANDOFF_PATH}", json=message) as r:
+                ok = r.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if ok:
+            self._failing_since = None
+        elif self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.info("worker 0 does not take the handoff relay's messages yet; retrying")
+        return ok
 
 
 def build_controller(
@@ -479,12 +580,15 @@ def build_controller(
     stuck_holds: Callable[[str], StuckHolds | None] | None = None,
     upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
     tenant_client: KubeClient | None = None,
+    writes_status: bool = True,
 ) -> SliceController:
+    """The embedded slice controller; ``writes_status=False``: one that keeps the route table
+    only (a worker that is not the server's writer), and stands for no Lease."""
     c = config.controller
     assert c is not None
     assert config.external_url is not None
     leader = None
-    if c.lease is not None:
+    if c.lease is not None and writes_status:
         workspace = c.lease.workspace or c.export.path
         leader = LeaderElector(
             client=client,
@@ -513,6 +617,7 @@ def build_controller(
         stuck_holds=stuck_holds,
         upstream_watches=upstream_watches,
         tenant_client=tenant_client,
+        writes_status=writes_status,
     )
 
 
@@ -530,23 +635,36 @@ async def _run_site(
     stop: asyncio.Event,
     routes: Routes,
     tls_reload_interval: float,
+    role: WorkerRole | None = None,
+    handoff: Handoff | None = None,
+    synced: Callable[[], Coroutine[Any, Any, Any]] | None = None,
 ) -> None:
+    """Serve ``app`` until ``stop``, then drain. A worker (``role``) opens its Unix socket
+    first (the parent sees it starting: ``/readyz`` says why it is not ready), and the slice
+    listener only once ``synced()`` (the controller's first list of slices) returned."""
     tls = serving_tls(config, base_dir=base_dir)
-    # Leaving the block closes idle keep-alive connections (busy ones after their response),
-    # waits up to the grace period for requests in flight, cancels what is left, then closes
-    # the upstream (the app's cleanup).
-    async with (
-        listening(
-            app,
-            config.listen.host,
-            config.listen.port,
-            limits=connection_limits(config),
-            ssl_context=tls.context if tls is not None else None,
-            metrics=app[METRICS_KEY],
-            shutdown_timeout=config.shutdown_grace_period_seconds,
-        ) as site,
-        _health_listener(app, config),
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        if role is not None:
+            await stack.enter_async_context(_worker_socket(app, role, handoff=handoff))
+            if synced is not None:
+                await _first(synced(), stop.wait())
+        # Leaving the block closes idle keep-alive connections (busy ones after their
+        # response), waits up to the grace period for requests in flight, cancels what is left,
+        # then closes the upstream (the app's cleanup).
+        site = await stack.enter_async_context(
+            listening(
+                app,
+                config.listen.host,
+                role.port if role is not None else config.listen.port,
+                limits=connection_limits(config),
+                ssl_context=tls.context if tls is not None else None,
+                metrics=app[METRICS_KEY],
+                shutdown_timeout=config.shutdown_grace_period_seconds,
+                reuse_port=role is not None,
+            )
+        )
+        if role is None:
+            await stack.enter_async_context(_health_listener(app, config))
         reload_task = (
             asyncio.create_task(tls.watch(interval=tls_reload_interval), name="tls-reload")
             if tls is not None
@@ -557,11 +675,12 @@ async def _run_site(
                 "insecureServing: plain HTTP, bearer tokens travel unencrypted; development only"
             )
         log.info(
-            "serving %d static slice(s)%s on %s%s",
+            "serving %d static slice(s)%s on %s%s%s",
             len(routes.table),
             " and the slices found in kcp" if config.controller is not None else "",
             site.name,
             PREFIX,
+            f" (worker {role.index} of {role.count})" if role is not None else "",
         )
         try:
             await stop.wait()
@@ -594,6 +713,51 @@ async def _health_listener(
             site.name,
         )
         yield site
+
+
+@contextlib.asynccontextmanager
+async def _worker_socket(
+    app: web.Application, role: WorkerRole, *, handoff: Handoff | None
+) -> AsyncIterator[None]:
+    """A worker's health endpoints, metrics and ``/debug/cache`` on its Unix socket (for the
+    parent, :mod:`vwserver.workers`), and on worker 0 the handoff relay's endpoint."""
+    local = health_listener_app(app, debug_cache=True)
+    index = str(role.index)
+
+    @web.middleware
+    async def name_worker(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        response.headers[WORKER_HEADER] = index
+        return response
+
+    local.middlewares.append(name_worker)
+    if handoff is not None:
+        local.router.add_post(HANDOFF_PATH, handoff_endpoint(handoff))
+    runner = web.AppRunner(local, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    path = role.socket_path(role.index)
+    path.unlink(missing_ok=True)  # a crashed predecessor's
+    try:
+        await web.UnixSite(runner, str(path)).start()
+        yield
+    finally:
+        await runner.cleanup()
+
+
+def handoff_endpoint(handoff: Handoff) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def relay(request: web.Request) -> web.Response:
+        try:
+            resources, wake = relayed(await request.json())
+        except ValueError as e:  # (json's errors are ValueErrors too)
+            return web.Response(status=400, text=str(e))
+        await handoff.keep(resources)
+        if wake:
+            handoff.wake()
+        return web.Response(text="ok")
+
+    return relay
 
 
 async def _drain(lifecycle: Lifecycle, site: web.BaseSite, *, delay: float) -> None:

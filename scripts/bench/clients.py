@@ -1,13 +1,16 @@
-"""Drive the client processes (``watch_client.py``, ``get_client.py``) from the benchmark."""
+"""Drive the client processes (``watch_client.py``, ``get_client.py``, ``write_client.py``) from
+the benchmark."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from harness import HERE, TOKEN, stop
 
@@ -87,3 +90,65 @@ async def get_load(
         raise RuntimeError(f"get client failed ({proc.returncode})")
     raw: dict[str, dict[str, list[float]]] = json.loads(out)
     return {name: {int(c): v for c, v in by_c.items()} for name, by_c in raw.items()}
+
+
+class WriteClient:
+    """One ``write_client.py`` process: runs of one verb against one target, on command."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def _ask(self, command: dict[str, object]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), ANSWER_TIMEOUT)
+        if not line:
+            raise RuntimeError(f"write client exited ({await self.proc.wait()}) on {command!r}")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"write client: {answer['error']} on {command!r}")
+        return answer
+
+    async def prepare(self, workers: int) -> None:
+        """Every target gets *workers* objects of its own, one per worker."""
+        await self._ask({"prepare": workers})
+
+    async def warm(self, target: str, *, concurrency: int) -> None:
+        """*concurrency* connections to *target* open and warm (one GET each)."""
+        await self._ask({"warm": target, "concurrency": concurrency})
+
+    async def run(
+        self, target: str, verb: str, *, concurrency: int, ops: int, prefix: str
+    ) -> tuple[list[float], float]:
+        """Latencies (seconds) of *ops* operations of *verb*, and the run's wall time."""
+        command = {"target": target, "verb": verb, "concurrency": concurrency, "ops": ops}
+        got = await self._ask({**command, "prefix": prefix})
+        return got["latencies"], got["seconds"]
+
+
+@contextlib.asynccontextmanager
+async def write_client(
+    targets: dict[str, str], *, token: str, ca: Path | None
+) -> AsyncIterator[WriteClient]:
+    from write_client import TOKEN_ENV
+
+    args = [sys.executable, str(HERE / "write_client.py")]
+    args += [f"--target={name}={url}" for name, url in targets.items()]
+    args += ["--ca", str(ca)] if ca else []
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, TOKEN_ENV: token},
+        limit=ANSWER_LIMIT,
+    )
+    try:
+        yield WriteClient(proc)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+        await stop(proc)

@@ -14,6 +14,14 @@ CLOCK_MONOTONIC in every process:
 
 The upstream counts the watches it streams: during a run it must be exactly two, vwserver's
 one shared watch and the direct watcher, whatever N is.
+
+``workers`` (``run.py --workers 1,2``): the runs again for each vwserver worker count (ratios
+keyed ``fanout.w<N>.…`` for N > 1). Each worker has its own cache, so the upstream then streams
+N + 1 watches; CPU per delivery is summed over the workers, and the RSS of each is printed
+(the watchers spread over the workers by the kernel). Throughput is printed as deliveries per
+second over the run's span (first write to last delivery): with ``--fanout-spacing 0`` the
+writes go back to back (a burst: the latencies then include the queueing) and it is what
+vwserver sustains, else what the writer asked for.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from harness import (
     cpu_seconds,
     fake_upstream,
     record,
+    rss_kib,
     session,
     vwserver,
     widget,
@@ -40,16 +49,29 @@ from clients import WatchClient, watch_client
 
 
 def spacing_for(watchers: int, base: float) -> float:
-    """Seconds between two writes: long enough for the previous change to reach everyone."""
-    return base + watchers * 0.0003
+    """Seconds between two writes: long enough for the previous change to reach everyone
+    (``base`` 0: none, a burst — for throughput, not latency)."""
+    return base + watchers * 0.0003 if base > 0 else 0.0
 
 
 async def bench_fanout(
-    results: Results, counts: tuple[int, ...], *, events: int, spacing: float
+    results: Results,
+    counts: tuple[int, ...],
+    *,
+    events: int,
+    spacing: float,
+    workers: tuple[int, ...] = (1,),
+) -> None:
+    for n in workers:
+        await _bench_fanout(results, counts, events=events, spacing=spacing, workers=n)
+
+
+async def _bench_fanout(
+    results: Results, counts: tuple[int, ...], *, events: int, spacing: float, workers: int
 ) -> None:
     async with (
         fake_upstream(100) as up,
-        vwserver(up.origin, cache=True, extra_yaml=UNLIMITED_CONNECTIONS) as px,
+        vwserver(up.origin, cache=True, extra_yaml=UNLIMITED_CONNECTIONS, workers=workers) as px,
         session() as s,
     ):
         groups = {
@@ -61,12 +83,13 @@ async def bench_fanout(
                 await client.open("direct", 1)
                 await client.open("proxied", n)
                 upstream_watches = await up.watches() - 1  # the direct watcher's own
-                if upstream_watches != 1:
+                if upstream_watches > len(px.server_pids):  # one per worker that got a watch
                     raise RuntimeError(
                         f"{n} watchers through vwserver hold {upstream_watches} upstream watches"
                     )
                 await client.record()
-                cpu = {px.pid: cpu_seconds(px.pid), client.pid: cpu_seconds(client.pid)}
+                pids = (*px.server_pids, client.pid)
+                cpu = {pid: cpu_seconds(pid) for pid in pids}
                 sent: dict[str, float] = {}
                 for i in range(events):
                     name = f"fanout-{n}-{i}"
@@ -75,16 +98,26 @@ async def bench_fanout(
                         if r.status != 201:
                             raise RuntimeError(f"create {name}: {r.status} {await r.text()}")
                     await asyncio.sleep(spacing_for(n, spacing))
-                # The last write has had its spacing: CPU is read before the first collect,
-                # which costs the watcher process its own scan.
-                cpu = {pid: cpu_seconds(pid) - before for pid, before in cpu.items()}
+                # The last write has had its spacing: the watcher process's CPU is read before
+                # the first collect, which costs it its own scan; vwserver's once everything
+                # is delivered (a burst is still being delivered here).
+                spent = cpu_seconds(client.pid) - cpu[client.pid]
                 arrivals = await all_delivered(client, watchers=n, events=events)
+                cpu = {pid: cpu_seconds(pid) - before for pid, before in cpu.items()}
+                cpu[client.pid] = spent
+                rss = ", ".join(f"{rss_kib(pid) / 1024:.1f}" for pid in px.server_pids)
+            delivery = Delivery(watchers=n, events=events, sent=sent, arrivals=arrivals)
             add_run(
                 results,
-                Delivery(watchers=n, events=events, sent=sent, arrivals=arrivals),
+                delivery,
                 upstream_watches=upstream_watches,
-                server_cpu=cpu[px.pid],
+                server_cpu=sum(cpu[pid] for pid in px.server_pids),
                 client_cpu=cpu[client.pid],
+                workers=workers,
+            )
+            print(
+                f"{'':<44} {workers} worker(s): RSS {rss} MiB; "
+                f"{delivery.throughput():,.0f} deliveries/s over the run"
             )
 
 
@@ -112,6 +145,13 @@ class Delivery:
     sent: dict[str, float]  # name → when its write started
     arrivals: dict[str, dict[str, list[float]]]  # group → name → arrival times
 
+    def throughput(self) -> float:
+        """Deliveries through vwserver per second, from the first write to the last one."""
+        times = [t for ts in self.arrivals["proxied"].values() for t in ts]
+        if not times or not self.sent:
+            return 0.0
+        return len(times) / max(max(times) - min(self.sent.values()), 1e-9)
+
     def latencies(self) -> tuple[list[float], list[float], list[float]]:
         """Sorted ms: write → direct watcher, write → each watcher through vwserver, and the
         latter minus the direct arrival of the same event."""
@@ -132,6 +172,7 @@ def add_run(
     upstream_watches: int,
     server_cpu: float,
     client_cpu: float,
+    workers: int = 1,
 ) -> None:
     """Keep and print one run's figures (CPU in seconds while the events flowed)."""
     watchers, events = delivery.watchers, delivery.events
@@ -153,15 +194,16 @@ def add_run(
         proxied_ms=quantiles(proxied_ms),
         added_ms=quantiles(added_ms),
     )
-    results.fanout.append(run)
+    if workers == 1:  # (the plot shows one process)
+        results.fanout.append(run)
     for q in (50, 99):
         via, plain = percentile(proxied_ms, q), percentile(direct_ms, q)
         record(
             results,
-            f"fanout.{watchers}.p{q}",
+            f"fanout.{watchers}.p{q}" if workers == 1 else f"fanout.w{workers}.{watchers}.p{q}",
             Ratio(
                 label=f"fan-out to {watchers:,} watcher{'s' if watchers > 1 else ''}, "
-                f"delivery p{q}",
+                f"delivery p{q}" + (f", {workers} workers" if workers > 1 else ""),
                 value=via / plain,
                 detail=f"{via:.1f} ms vs {plain:.1f} ms direct; "
                 f"added {percentile(added_ms, q):.1f} ms",

@@ -5,6 +5,10 @@ from a separate process (``get_client.py``) with keep-alive connections, rounds 
 targets' order. vwserver sends a GET of one object to the upstream (GETs are not served from its
 cache) after authenticating and authorizing the caller from warm caches. When nginx is not
 there, the comparison says so in the output and the report instead of silently vanishing.
+``workers`` (``run.py --workers 1,2``): one vwserver target per worker count, in the same run
+(``vwserver`` is one process, ``vwserver-w2`` two on one port); each N > 1 is also compared
+with one worker: its time per request at the same concurrency (1/throughput) relative to
+``vwserver``'s, so < 1 means more throughput.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ async def bench_gets(
     requests: int,
     rounds: int,
     install_nginx: bool,
+    workers: tuple[int, ...] = (1,),
 ) -> None:
     binary, missing = ensure_nginx(install=install_nginx)
     if binary is None:
@@ -45,10 +50,13 @@ async def bench_gets(
         print(f"GET through nginx: NOT MEASURED: {missing}")
     async with (
         fake_upstream(1000) as up,
-        vwserver(up.origin, cache=True) as px,
+        contextlib.AsyncExitStack() as proxies,
         maybe_nginx(binary, up.origin) as nginx,
     ):
-        targets = {"direct": up.vw + OBJECT, "vwserver": px.slice_base + OBJECT}
+        targets = {"direct": up.vw + OBJECT}
+        for n in workers:
+            px = await proxies.enter_async_context(vwserver(up.origin, cache=True, workers=n))
+            targets[target_name(n)] = px.slice_base + OBJECT
         if nginx:
             targets["nginx"] = nginx + up.vw.removeprefix(up.origin) + OBJECT
         latencies = await get_load(
@@ -75,6 +83,25 @@ async def bench_gets(
                         f"{run.rps:,.0f} vs {direct.rps:,.0f} req/s",
                     ),
                 )
+        one = runs.get(target_name(1))
+        for n in workers:
+            run = runs[target_name(n)]
+            if n == 1 or one is None:
+                continue
+            record(
+                results,
+                f"get.{target_name(n)}.c{c}.vs1",
+                Ratio(
+                    label=f"GET at concurrency {c}, {n} workers: time per request vs 1 worker",
+                    value=one.rps / run.rps,
+                    detail=f"{run.rps:,.0f} vs {one.rps:,.0f} req/s; p50 {run.p50_ms:.2f} vs "
+                    f"{one.p50_ms:.2f} ms",
+                ),
+            )
+
+
+def target_name(workers: int) -> str:
+    return "vwserver" if workers == 1 else f"vwserver-w{workers}"
 
 
 def summarize(target: str, concurrency: int, seconds: list[float]) -> GetRun:

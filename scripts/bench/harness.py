@@ -33,6 +33,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("PYTHONPATH", str(REPO))
 
+from tests.support.procfs import children  # noqa: E402 - importable once REPO is on the path
+
 SLICE_CLUSTER = "benchslice"
 EXPORT_CLUSTER = "exportid"
 EXPORT_NAME = "widgets.example.io"
@@ -166,6 +168,13 @@ class Proxy:
     base: str
     pid: int
     slice_cluster: str = SLICE_CLUSTER
+    workers: tuple[int, ...] = ()
+    """The worker processes' pids (``workers: N`` > 1); empty: ``pid`` serves alone."""
+
+    @property
+    def server_pids(self) -> tuple[int, ...]:
+        """The processes that serve (whose CPU and RSS are vwserver's)."""
+        return self.workers or (self.pid,)
 
     @property
     def slice_base(self) -> str:
@@ -187,8 +196,15 @@ async def vwserver(
     slice_yaml: str | None = None,
     slice_cluster: str = SLICE_CLUSTER,
     extra_yaml: str = "",
+    workers: int = 1,
 ) -> AsyncIterator[Proxy]:
+    """vwserver serving slice ``prod``; ``workers`` > 1: that many processes on its port
+    (``vwserver serve --workers``), ready when the parent's health listener says every worker
+    is."""
     port = free_port()
+    if workers > 1:
+        health_port = free_port()
+        extra_yaml += f"\nworkers: {workers}\nhealth: {{host: 127.0.0.1, port: {health_port}}}\n"
     upstream_yaml = upstream_yaml or f'{{server: "{upstream_origin}", token: bench}}'
     slice_yaml = slice_yaml or f"export: {{cluster: {EXPORT_CLUSTER}, name: {EXPORT_NAME}}}"
     serving = (
@@ -218,13 +234,23 @@ slices:
         args = [sys.executable, "-m", "vwserver.cli", "serve", "--config", str(config)]
         ctx = tls.client_context() if tls else None
         async with process(args, ready_url=base + "/readyz", ssl_context=ctx) as proc:
-            yield Proxy(base, proc.pid, slice_cluster)
+            pids: tuple[int, ...] = ()
+            if workers > 1:
+                await wait_http(f"http://127.0.0.1:{health_port}/readyz")
+                pids = tuple(children(proc.pid))
+                if len(pids) != workers:
+                    raise RuntimeError(f"{workers} workers asked for, {len(pids)} running")
+            yield Proxy(base, proc.pid, slice_cluster, workers=pids)
 
 
-async def cache_reads(proxy: Proxy) -> dict[str, int]:
+async def cache_reads(proxy: Proxy, *, ssl_context: ssl.SSLContext | None = None) -> dict[str, int]:
     """vwserver's cache reads so far by outcome: ``served`` from the cache, or ``fallback``
     (the cache could not answer in time, and the upstream did)."""
-    async with aiohttp.ClientSession() as s, s.get(f"{proxy.base}/metrics") as r:
+    connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context else None
+    async with (
+        aiohttp.ClientSession(connector=connector) as s,
+        s.get(f"{proxy.base}/metrics") as r,
+    ):
         text = await r.text()
     reads = {"served": 0, "fallback": 0}
     for line in text.splitlines():

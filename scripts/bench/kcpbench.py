@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import ssl
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -23,8 +28,10 @@ from harness import (
     SELECTOR,
     WATCH_PARAMS,
     Proxy,
+    ServingTLS,
     cache_reads,
     list_once,
+    make_serving_tls,
     note_cache_reads,
     paged,
     peak_rss_kib,
@@ -65,16 +72,24 @@ async def create_widgets(session: aiohttp.ClientSession, url: str, numbers: Iter
     await asyncio.gather(*(create(i) for i in numbers))
 
 
-async def bench_kcp(
-    results: Results, counts: tuple[int, ...], *, repeat: int, page_size: int
-) -> None:
+@contextlib.asynccontextmanager
+async def kcp_world() -> AsyncIterator[tuple[KcpInstance, Bootstrap]]:
+    """A kcp of the benchmark's own with the demo world bootstrapped, stopped when the block
+    ends: ``$KCP_BINARY`` (as the tests take it), else ``scripts/kcp/build.sh``'s (cached)."""
     # devenv is importable once harness has put the repository on the path.
     from devenv.bootstrap import DEMO_USERS_FILE, bootstrap
     from devenv.kcp import build_kcp, start_kcp
 
-    binary = await asyncio.to_thread(build_kcp)
+    given = os.environ.get("KCP_BINARY")
+    binary = Path(given) if given else await asyncio.to_thread(build_kcp)
     async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
-        world = await bootstrap(kcp)
+        yield kcp, await bootstrap(kcp)
+
+
+async def bench_kcp(
+    results: Results, counts: tuple[int, ...], *, repeat: int, page_size: int
+) -> None:
+    async with kcp_world() as (kcp, world):
         ws = world.consumer("consumer-a")
         url = f"{kcp.url}/clusters/{ws.path}/{world.api_path}/namespaces/team-red/widgets"
         made = 0
@@ -167,15 +182,49 @@ async def measure(
             record_watch(results, "kcp", w)
 
 
+@dataclass(frozen=True)
+class TlsProxy:
+    """A vwserver serving TLS in front of kcp, and how clients trust both."""
+
+    proxy: Proxy
+    #: kcp's CA and vwserver's serving CA in one file, for processes that take one CA file.
+    ca_bundle: Path
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_bundle))
+
+
+@contextlib.asynccontextmanager
+async def kcp_tls_vwserver(
+    kcp: KcpInstance, world: Bootstrap, *, page_size: int, cache: bool
+) -> AsyncIterator[TlsProxy]:
+    """:func:`kcp_vwserver` serving TLS (a throwaway trustme CA), like kcp: a client's path
+    to the slice and to kcp directly then cost the same handshakes and encryption, and kubectl
+    sends its bearer token (client-go sends none to a plain-HTTP server: kubectl against
+    ``http://`` vwserver gets 401 on discovery, with ``--token`` too)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tls = make_serving_tls(Path(tmp))
+        bundle = Path(tmp) / "ca-bundle.crt"
+        bundle.write_bytes(kcp.ca_file.read_bytes() + b"\n" + tls.ca_file.read_bytes())
+        async with kcp_vwserver(kcp, world, page_size=page_size, cache=cache, tls=tls) as px:
+            yield TlsProxy(px, bundle)
+
+
 @contextlib.asynccontextmanager
 async def kcp_vwserver(
-    kcp: KcpInstance, world: Bootstrap, *, page_size: int, cache: bool
+    kcp: KcpInstance,
+    world: Bootstrap,
+    *,
+    page_size: int,
+    cache: bool,
+    tls: ServingTLS | None = None,
 ) -> AsyncIterator[Proxy]:
     """vwserver in front of kcp's APIExport VW, as kcp's admin, slice ``prod`` (env=prod)."""
     async with vwserver(
         "",
         page_size=page_size,
         cache=cache,
+        tls=tls,
         upstream_yaml=f"{{kubeconfig: {kcp.kubeconfig}, context: {kcp.admin_context}}}",
         slice_yaml=f"upstreamURL: {world.vw_url}",
         slice_cluster=world.provider.cluster,

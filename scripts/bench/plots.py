@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from results import Results
+from results import Results, WriteRun, over
 
 LIST_PATHS = ("direct", "pass-through", "cache", "cache rv=0")
 COLORS = {
@@ -35,6 +35,8 @@ def write_plots(results: Results, out: Path) -> list[str]:
         ("fanout.png", _fanout),
         ("rss.png", _rss),
         ("gets.png", _gets),
+        ("writes.png", _writes),
+        ("consistent.png", _consistent),
     ):
         fig = draw(results)
         if fig is None:
@@ -202,4 +204,103 @@ def _gets(results: Results) -> Figure | None:
                 va="top",
                 wrap=True,
             )
+    return fig
+
+
+def _writes(results: Results) -> Figure | None:
+    if not results.writes:
+        return None
+    levels = sorted({w.concurrency for w in results.writes})
+    low, high = levels[0], levels[-1]
+    runs = {(w.target, w.verb, w.concurrency): w for w in results.writes}
+    verbs = [
+        v
+        for v in dict.fromkeys(w.verb for w in results.writes)
+        if all((t, v, c) in runs for t in ("direct", "slice") for c in (low, high))
+    ]
+    fig, (ratios, cpu) = plt.subplots(1, 2, figsize=(13, 4.8))
+    xs = list(range(len(verbs)))
+    width = 0.27
+    cpu_ratios = [_r(runs, v, high, "kcp_cpu_ms") for v in verbs]
+    series: tuple[tuple[str, str, list[float]], ...] = (
+        (f"p50 latency, c={low}", "tab:blue", [_r(runs, v, low, "p50_ms") for v in verbs]),
+        (
+            f"time per op (1/throughput), c={high}",
+            "tab:orange",
+            [_inv_rps(runs, v, high) for v in verbs],
+        ),
+        (f"kcp CPU per op, c={high}", "tab:green", cpu_ratios),
+    )
+    for i, (label, color, values) in enumerate(series):
+        ratios.bar([x + (i - 1) * width for x in xs], values, width, label=label, color=color)
+    ratios.axhline(1.0, color="black", linewidth=0.8)
+    ratios.set_xticks(xs, [v.replace("_", " ") for v in verbs], rotation=30, ha="right")
+    ratios.set(ylabel="slice ÷ direct kcp (same run)", title="Writes through a cached slice")
+    ratios.set_ylim(bottom=0)
+    ratios.legend(fontsize=8)
+    for i, target in enumerate(("direct", "slice")):
+        got = [runs[(target, v, high)] for v in verbs]
+        bars = cpu.bar([x + (i - 0.5) * 0.4 for x in xs], [w.kcp_cpu_ms for w in got], 0.4,
+                       label=f"{target}", color=COLORS.get(target, "tab:blue"))  # fmt: skip
+        if target == "slice":
+            for bar, w in zip(bars, got, strict=True):
+                cpu.annotate(f"{w.upstream_requests:.1f} req", (bar.get_x() + bar.get_width() / 2,
+                             bar.get_height()), ha="center", va="bottom", fontsize=7)  # fmt: skip
+    cpu.set_xticks(xs, [v.replace("_", " ") for v in verbs], rotation=30, ha="right")
+    cpu.set(
+        ylabel="kcp CPU per op (ms)",
+        title=f"kcp CPU per op at c={high} (label: vwserver upstream requests per op)",
+    )
+    cpu.legend(fontsize=8)
+    for ax in (ratios, cpu):
+        ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+def _r(runs: dict[tuple[str, str, int], WriteRun], verb: str, c: int, attr: str) -> float:
+    return over(getattr(runs[("slice", verb, c)], attr), getattr(runs[("direct", verb, c)], attr))
+
+
+def _inv_rps(runs: dict[tuple[str, str, int], WriteRun], verb: str, c: int) -> float:
+    return over(runs[("direct", verb, c)].rps, runs[("slice", verb, c)].rps)
+
+
+def _consistent(results: Results) -> Figure | None:
+    if not results.consistent:
+        return None
+    fig, (times, ratios) = plt.subplots(1, 2, figsize=(12, 4.8))
+    points = results.consistent
+    paths = list(dict.fromkeys(p.path for p in points))
+    # Each slice path against its direct twin: "cache" ↔ "direct", "X, slice" ↔ "X, direct".
+    twins = {"cache": "direct", "cache rv=0": "direct rv=0"}
+    twins.update({p: p.removesuffix("slice") + "direct" for p in paths if p.endswith(", slice")})
+    palette = iter(("tab:green", "tab:olive", "tab:purple", "tab:red", "tab:cyan", "tab:brown"))
+    colors = {via: next(palette, "gray") for via in twins}
+    seconds = {(p.path, p.objects): p.seconds for p in points}
+    for path in paths:
+        series = sorted((p.objects, p.seconds) for p in points if p.path == path)
+        xs = [x for x, _ in series]
+        via = path if path in twins else next((v for v, d in twins.items() if d == path), path)
+        style = {"color": colors.get(via, "black"), "marker": "o"}
+        style["linestyle"] = "-" if path in twins else "--"
+        times.plot(xs, [s * 1000 for _, s in series], label=path, **style)
+        if path in twins:
+            ratio = [over(s, seconds[(twins[path], x)]) for x, s in series]
+            ratios.plot(xs, ratio, label=f"{path} ÷ {twins[path]}", **style)
+    times.set(
+        xscale="log",
+        yscale="log",
+        xlabel="matching objects (as many more do not match)",
+        ylabel="time, median (ms)",
+        title="Consistent reads against kcp",
+    )
+    ratios.axhline(1.0, color="black", linewidth=0.8)
+    ratios.set(xscale="log", xlabel="matching objects", ylabel="slice ÷ direct (same run)",
+               title="Ratio to the same read on kcp directly")  # fmt: skip
+    for ax in (times, ratios):
+        _objects_ticks(ax, {p.objects for p in points})
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ratios.set_ylim(bottom=0)
+    _plain_log(times.yaxis)
     return fig

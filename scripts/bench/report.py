@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from results import Regression, Results
+from results import Regression, Results, over
 
 #: Report sections: title, the ratio keys' prefixes, the plot, what the section shows.
 SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
@@ -46,6 +46,35 @@ SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
         "nginx `proxy_pass` (one worker, keep-alive upstream) in front of the same upstream.",
     ),
     (
+        "Writes: every verb through a cached slice and directly",
+        ("writes.",),
+        "writes.png",
+        "Every write verb of a controller against real kcp, through a slice served by vwserver "
+        "with the shared cache and directly against kcp's APIExport virtual workspace, in the "
+        "same run: the same consumer workspace, namespace and labels (inside the slice), "
+        "keep-alive connections from a load process of its own, each worker writing an object "
+        "of its own, the targets taken in turn round after round. Latency at concurrency 1, "
+        "throughput at 16 (as time per op: direct op/s over the slice's), kcp's CPU per op "
+        "(its user + system time from /proc, embedded etcd included, less kcp's idle rate; "
+        "not its `process_cpu_seconds_total`: one scrape of kcp's /metrics costs ~120 ms), "
+        "kcp's own request count on the resource per op (`apiserver_request_total`: the VW and "
+        "the shard both count a request) and vwserver's `vwserver_upstream_requests_total` "
+        "per op. Alone: `run.py --only writes,consistent --quick`.",
+    ),
+    (
+        "Consistent reads: LIST and kubectl get through a cached slice and directly",
+        ("consistent.",),
+        "consistent.png",
+        "A consistent LIST (no resourceVersion, what kubectl sends) of one consumer workspace "
+        "holding N matching objects (`env=prod`) and as many that do not match, through a "
+        "slice served from vwserver's shared cache against the direct LIST with the slice's "
+        "labelSelector; `resourceVersion=0` both ways for reference; `kubectl get -A` as a "
+        "process (discovery, pages of Tables, printing; default paging is `limit=500`) "
+        "against the same kubectl pointed at kcp. What one consistent LIST through the slice "
+        "costs is counted once more after the timing: vwserver's requests to kcp and kcp's "
+        "CPU against the direct LIST.",
+    ),
+    (
         "Watch stream throughput",
         ("watch.",),
         "",
@@ -87,6 +116,8 @@ def markdown(
             continue
         if plot:
             out += [f"![{title}]({plot})", ""]
+        if prefixes == ("writes.",):
+            out += writes_summary(results)
         out += ["| measurement | details | figure | target |", "|---|---|---:|---|"]
         for key in keys:
             r = results.ratios[key]
@@ -97,6 +128,36 @@ def markdown(
         out += ["## Notes", "", *(f"- {n}" for n in results.notes), ""]
     out += ["## Compared with the previous results", "", compared(regressions, common, baseline)]
     return "\n".join(out) + "\n"
+
+
+def writes_summary(results: Results) -> list[str]:
+    """Issue 23's table: per verb, the slice over direct at the lowest and highest concurrency."""
+    if not results.writes:
+        return []
+    levels = sorted({w.concurrency for w in results.writes})
+    low, high = levels[0], levels[-1]
+    runs = {(w.target, w.verb, w.concurrency): w for w in results.writes}
+    verbs = list(dict.fromkeys(w.verb for w in results.writes))
+    out = [
+        f"| op | throughput slice / direct (c={high}) | p50 slice / direct (c={low}) | "
+        "vwserver upstream requests per op | kcp requests per op, slice / direct | "
+        "kcp CPU per op, slice / direct |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for verb in verbs:
+        try:
+            d1, s1 = runs[("direct", verb, low)], runs[("slice", verb, low)]
+            dh, sh = runs[("direct", verb, high)], runs[("slice", verb, high)]
+        except KeyError:
+            continue
+        cpu = f"{over(sh.kcp_cpu_ms, dh.kcp_cpu_ms):.2f}x" if dh.kcp_cpu_ms else "—"
+        rps, p50 = over(sh.rps, dh.rps), over(s1.p50_ms, d1.p50_ms)
+        out.append(
+            f"| {verb.replace('_', ' ')} | {rps:.2f} | {p50:.2f}x | "
+            f"{sh.upstream_requests:.2f} | {sh.kcp_requests:.1f} / {dh.kcp_requests:.1f} | "
+            f"{cpu} ({sh.kcp_cpu_ms:.2f} / {dh.kcp_cpu_ms:.2f} ms) |"
+        )
+    return [*out, ""]
 
 
 def compared(regressions: list[Regression] | None, common: int, baseline: str) -> str:

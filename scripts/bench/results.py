@@ -31,7 +31,7 @@ class Ratio(msgspec.Struct, kw_only=True):
 
 
 class ListPoint(msgspec.Struct, kw_only=True):
-    upstream: str  # "fake" | "kcp"
+    upstream: str  # "fake" | "kcp" (| "kcp consistent" in Results.consistent)
     path: str  # "direct" | "pass-through" | "cache" | "cache rv=0" | "... , client pages"
     objects: int  # in the upstream
     items: int  # in the answer (the slice's half)
@@ -70,6 +70,30 @@ class GetRun(msgspec.Struct, kw_only=True):
     rps: float
 
 
+class WriteRun(msgspec.Struct, kw_only=True):
+    """One verb against one target (``direct``: kcp's APIExport VW; ``slice``: through a cached
+    vwserver slice) at one concurrency, every round together."""
+
+    target: str
+    verb: str
+    concurrency: int
+    ops: int
+    p50_ms: float
+    p99_ms: float
+    #: Operations per second: ops / the runs' wall time.
+    rps: float
+    #: kcp's CPU per operation (``process_cpu_seconds_total`` delta less kcp's idle rate over
+    #: the run's wall time), kcp's own requests on the resource per operation (its
+    #: ``apiserver_request_total``: the VW's and the shard's both count), the dry-runs among
+    #: them, and for ``slice`` vwserver's ``vwserver_upstream_requests_total`` and CPU per op.
+    kcp_cpu_ms: float
+    kcp_requests: float
+    kcp_dry_runs: float
+    upstream_requests: float = 0.0
+    upstream_methods: dict[str, float] = msgspec.field(default_factory=dict)
+    proxy_cpu_ms: float = 0.0
+
+
 class Results(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     mode: str  # "full" | "quick"
@@ -84,6 +108,10 @@ class Results(msgspec.Struct, kw_only=True):
     fanout: list[FanoutRun] = msgspec.field(default_factory=list)
     rss: list[RssPoint] = msgspec.field(default_factory=list)
     gets: list[GetRun] = msgspec.field(default_factory=list)
+    writes: list[WriteRun] = msgspec.field(default_factory=list)
+    #: Consistent reads against kcp: ``path`` direct / cache / ... / kubectl ...; ``objects`` is
+    #: the number of matching objects (kcp holds as many more that do not match).
+    consistent: list[ListPoint] = msgspec.field(default_factory=list)
 
 
 def encode(results: Results) -> bytes:
@@ -151,6 +179,12 @@ def quantile_at(cdf: Sequence[float], q: float) -> float:
     return cdf[round(q / 100 * (len(cdf) - 1))]
 
 
+def over(a: float, b: float) -> float:
+    """``a / b``, or 0 where ``b`` is not positive (NaN would not survive results.json: msgspec
+    writes it as null); the comparison skips a previous figure of 0."""
+    return a / b if b > 0 and math.isfinite(a) else 0.0
+
+
 def describe(ratio: Ratio) -> str:
     """One printed line: label, detail, the figure and its target."""
     figure = f"{ratio.value:.2f}x" if ratio.unit == "x" else f"{ratio.value:.1f} {ratio.unit}"
@@ -191,4 +225,83 @@ def with_kcp_part(results: Results, kcp: Results, *, source: str) -> Results:
         ],
     )
     merged.machine = {**results.machine, "kcp": kcp.machine.get("kcp", "?")}
+    return merged
+
+
+#: What each part of a run measured: its ratios' key prefixes and its notes' prefixes.
+PART_RATIOS: dict[str, tuple[str, ...]] = {
+    "list": ("list.fake.", "rss.list_peak"),
+    "watch": ("watch.fake.",),
+    "fanout": ("fanout.",),
+    "rss": ("rss.tls", "rss.plain"),
+    "gets": ("get.",),
+    "kcp": KCP_RATIOS,
+    "writes": ("writes.",),
+    "consistent": ("consistent.",),
+}
+PART_NOTES: dict[str, tuple[str, ...]] = {
+    "list": ("fake",),
+    "kcp": ("kcp", "the kcp part"),
+    "writes": ("writes",),
+    "consistent": ("consistent",),
+}
+
+
+def measured_parts(results: Results) -> set[str]:
+    """The parts a run measured (and did not fail)."""
+    return {
+        part
+        for part in PART_RATIOS
+        if part in results.seconds and not results.skipped.get(part, "").startswith("FAILED")
+    }
+
+
+def with_earlier_parts(results: Results, earlier: Results, *, source: str) -> Results:
+    """``results`` with every part it did not measure taken from ``earlier`` (e.g. the committed
+    docs/bench/results.json), so that a run of a few parts (``--only writes,consistent``)
+    updates one whole report; a note says which parts are older and when they were taken."""
+    mine = measured_parts(results)
+    taken = sorted(measured_parts(earlier) - mine)
+    if not taken:
+        return results
+
+    def old(part: str) -> bool:
+        return part in taken
+
+    def owner(key: str) -> str | None:
+        return next((p for p, prefixes in PART_RATIOS.items() if key.startswith(prefixes)), None)
+
+    def note_part(note: str) -> str | None:
+        return next((p for p, prefixes in PART_NOTES.items() if note.startswith(prefixes)), None)
+
+    merged = msgspec.structs.replace(
+        results,
+        seconds={**results.seconds, **{p: earlier.seconds[p] for p in taken}},
+        # A part that failed now keeps saying so, beside the earlier figures.
+        skipped={
+            p: why for p, why in results.skipped.items() if not old(p) or why.startswith("FAILED")
+        },
+        notes=[
+            *results.notes,
+            f"{', '.join(taken)}: from an earlier {earlier.mode} run ({earlier.taken}, "
+            f"vwserver {earlier.machine.get('vwserver', '?')}, load before "
+            f"{earlier.load.get('before', '?')}), taken from {source}",
+            *(n for n in earlier.notes if old(note_part(n) or "")),
+        ],
+        ratios={
+            **results.ratios,
+            **{k: r for k, r in earlier.ratios.items() if old(owner(k) or "")},
+        },
+        lists=[
+            *results.lists,
+            *(p for p in earlier.lists if old("kcp" if p.upstream == "kcp" else "list")),
+        ],
+        fanout=results.fanout + (earlier.fanout if old("fanout") else []),
+        rss=results.rss + (earlier.rss if old("rss") else []),
+        gets=results.gets + (earlier.gets if old("gets") else []),
+        writes=results.writes + (earlier.writes if old("writes") else []),
+        consistent=results.consistent + (earlier.consistent if old("consistent") else []),
+    )
+    if old("kcp") or old("writes") or old("consistent"):
+        merged.machine = {**results.machine, "kcp": earlier.machine.get("kcp", "?")}
     return merged

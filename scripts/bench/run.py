@@ -10,10 +10,16 @@ the results committed last, printing every one that got worse by more than 20 %.
     python scripts/bench/run.py --only fanout    # one part, printed (no report unless --out)
     python scripts/bench/run.py --only kcp --out /tmp/kcp   # the long part on its own, then:
     python scripts/bench/run.py --kcp-from /tmp/kcp/results.json   # the rest, one report
+    python scripts/bench/run.py --only writes,consistent --quick   # issue 23's arms, real kcp
+    python scripts/bench/run.py --only writes,consistent --quick \
+        --rest-from docs/bench/results.json --out docs/bench   # ... into the committed report
 
 Parts: list (LIST vs object count, fake upstream), watch (watch-list throughput), fanout (one
 change to 1/100/1,000 watchers), rss (memory per open watch, TLS and plain), gets (GET latency
-against nginx proxy_pass), kcp (LIST vs object count against a real kcp it starts).
+against nginx proxy_pass), kcp (LIST vs object count against a real kcp it starts), writes
+(every write verb through a cached slice vs kcp's VW directly: latency, throughput, kcp CPU and
+requests per op, real kcp), consistent (consistent LIST and kubectl get through a cached slice
+vs kcp directly at 1k/10k/50k matching objects, real kcp).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import machine
+from consistent import bench_consistent
 from fanout import bench_fanout
 from gets import bench_gets
 from harness import REPO
@@ -42,10 +49,19 @@ from lists import bench_lists, bench_watch
 from nginx import find_nginx, nginx_version
 from plots import write_plots
 from report import compared, markdown
-from results import Regression, Results, decode, encode, regressions, with_kcp_part
+from results import (
+    Regression,
+    Results,
+    decode,
+    encode,
+    regressions,
+    with_earlier_parts,
+    with_kcp_part,
+)
 from rss import bench_rss
+from writes import bench_writes
 
-PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp")
+PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp", "writes", "consistent")
 DOCS = REPO / "docs" / "bench"
 COMMITTED = "docs/bench/results.json"
 
@@ -64,6 +80,11 @@ class Sizes:
     get_concurrency: tuple[int, ...]
     get_requests: int
     get_rounds: int
+    write_concurrency: tuple[int, ...]  # latency at the lowest, throughput at the highest
+    write_ops: tuple[int, ...]  # operations per verb, target and round at each concurrency
+    write_rounds: int
+    consistent_objects: tuple[int, ...]  # matching objects (as many more do not match)
+    kubectl_chunks: tuple[str, ...]  # "default" (kubectl's own: 500), or a --chunk-size
 
 
 FULL = Sizes(
@@ -79,6 +100,11 @@ FULL = Sizes(
     get_concurrency=(1, 16, 64),
     get_requests=2000,
     get_rounds=3,
+    write_concurrency=(1, 16),
+    write_ops=(300, 1200),
+    write_rounds=3,
+    consistent_objects=(1_000, 10_000, 50_000),
+    kubectl_chunks=("default", "0"),
 )
 QUICK = Sizes(
     objects=(2_000, 10_000),
@@ -93,6 +119,11 @@ QUICK = Sizes(
     get_concurrency=(1, 16, 64),
     get_requests=300,
     get_rounds=2,
+    write_concurrency=(1, 16),
+    write_ops=(50, 200),
+    write_rounds=2,
+    consistent_objects=(1_000, 10_000),
+    kubectl_chunks=("default", "0"),
 )
 
 
@@ -105,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    parser.add_argument("--only", choices=PARTS, help="run one part")
+    parser.add_argument("--only", help=f"comma-separated parts to run (only these): {PARTS}")
     parser.add_argument("--skip", default="", help=f"comma-separated parts not to run: {PARTS}")
     parser.add_argument("--out", type=Path, help="report directory (default docs/bench)")
     parser.add_argument(
@@ -123,6 +154,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(--only kcp --out DIR), e.g. on a quieter machine",
     )
     parser.add_argument(
+        "--rest-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="take every part this run does not measure from these results (e.g. "
+        "docs/bench/results.json), so that --only PARTS updates a whole report",
+    )
+    parser.add_argument(
         "--baseline",
         default="committed",
         help=f"results to compare with: 'committed' ({COMMITTED} at git HEAD, else the file), "
@@ -138,17 +176,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kcp-objects", type=counts, help="LIST object counts, kcp")
     parser.add_argument("--watchers", type=counts, help="fan-out watcher counts")
     parser.add_argument("--events", type=int, help="watch throughput: initial events")
+    parser.add_argument("--fanout-events", type=int, help="fan-out: changes written per run")
+    parser.add_argument(
+        "--fanout-spacing", type=float, help="fan-out: base seconds between writes (0: a burst)"
+    )
     parser.add_argument("--rss-watches", type=counts, help="open watches at each RSS reading")
     parser.add_argument("--get-requests", type=int, help="GETs per target, level and round")
     parser.add_argument("--repeat", type=int, help="repetitions of each timed call")
+    parser.add_argument(
+        "--write-ops", type=counts, help="writes: ops per verb, target and round at each level"
+    )
+    parser.add_argument("--write-concurrency", type=counts, help="writes: concurrency levels")
+    parser.add_argument("--write-rounds", type=int, help="writes: rounds (targets alternate)")
+    parser.add_argument(
+        "--consistent-objects", type=counts, help="consistent reads: matching object counts"
+    )
+    parser.add_argument(
+        "--kubectl-chunks",
+        type=lambda text: tuple(text.split(",")),
+        help="consistent reads: kubectl get --chunk-size values ('default': none given)",
+    )
     parser.add_argument("--page-size", type=int, default=500, help="vwserver's listPageSize")
+    parser.add_argument(
+        "--workers",
+        type=counts,
+        default=(1,),
+        help="gets, fanout: vwserver's worker counts to measure (e.g. 1,2: both in one run)",
+    )
     args = parser.parse_args(argv)
     skipped = set(filter(None, args.skip.split(",")))
     if skipped - set(PARTS):
         parser.error(f"--skip: unknown parts {sorted(skipped - set(PARTS))}")
+    only = set(filter(None, (args.only or "").split(",")))
+    if only - set(PARTS):
+        parser.error(f"--only: unknown parts {sorted(only - set(PARTS))}")
     if args.kcp_from is not None:
         skipped.add("kcp")
-    args.parts = [args.only] if args.only else [p for p in PARTS if p not in skipped]
+    args.parts = [p for p in PARTS if (p in only if only else p not in skipped)]
     sizes = QUICK if args.quick else FULL
     overrides = {
         field: getattr(args, field)
@@ -157,13 +221,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "kcp_objects",
             "watchers",
             "events",
+            "fanout_events",
+            "fanout_spacing",
             "rss_watches",
             "get_requests",
             "repeat",
+            "write_ops",
+            "write_concurrency",
+            "write_rounds",
+            "consistent_objects",
+            "kubectl_chunks",
         )
         if getattr(args, field) is not None
     }
     args.sizes = replace(sizes, **overrides)
+    if len(args.sizes.write_ops) != len(args.sizes.write_concurrency):
+        parser.error("--write-ops: one count per --write-concurrency level")
     if args.out is None and args.report_only:
         args.out = args.report_only.parent
     if args.out is None and not args.only:
@@ -198,7 +271,11 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
         "list": lambda: bench_lists(results, z.objects, repeat=z.repeat, page_size=args.page_size),
         "watch": lambda: bench_watch(results, events=z.events, repeat=z.repeat),
         "fanout": lambda: bench_fanout(
-            results, z.watchers, events=z.fanout_events, spacing=z.fanout_spacing
+            results,
+            z.watchers,
+            events=z.fanout_events,
+            spacing=z.fanout_spacing,
+            workers=args.workers,
         ),
         "rss": lambda: bench_rss(results, z.rss_watches, settle=z.rss_settle),
         "gets": lambda: bench_gets(
@@ -207,8 +284,23 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
             requests=z.get_requests,
             rounds=z.get_rounds,
             install_nginx=args.nginx == "install",
+            workers=args.workers,
         ),
         "kcp": lambda: bench_kcp(results, z.kcp_objects, repeat=z.repeat, page_size=args.page_size),
+        "writes": lambda: bench_writes(
+            results,
+            concurrency=z.write_concurrency,
+            ops=dict(zip(z.write_concurrency, z.write_ops, strict=True)),
+            rounds=z.write_rounds,
+            page_size=args.page_size,
+        ),
+        "consistent": lambda: bench_consistent(
+            results,
+            z.consistent_objects,
+            repeat=z.repeat,
+            page_size=args.page_size,
+            chunks=z.kubectl_chunks,
+        ),
     }
     # SIGINT/SIGTERM cancel the run, so that every process it started is stopped on the way
     # out (a background job's SIGINT may be ignored; SIGTERM would end Python on the spot).
@@ -289,11 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     results.load["after"] = machine.uptime()
     results.seconds["total"] = time.monotonic() - started
     results.machine = machine.describe(
-        nginx=nginx_version(find_nginx()), kcp_used="kcp" in args.parts, vwserver=measured
+        nginx=nginx_version(find_nginx()),
+        kcp_used=bool({"kcp", "writes", "consistent"} & set(args.parts)),
+        vwserver=measured,
     )
     if args.kcp_from is not None:
         kcp = decode(args.kcp_from.read_bytes())
         results = with_kcp_part(results, kcp, source=str(args.kcp_from))
+    if args.rest_from is not None:
+        earlier = decode(args.rest_from.read_bytes())
+        results = with_earlier_parts(results, earlier, source=str(args.rest_from))
     print("\n" + "\n".join(f"{k:>9}: {v}" for k, v in results.machine.items()))
     print(f"load after: {results.load['after']}; took {results.seconds['total']:.0f} s")
     for part, why in results.skipped.items():

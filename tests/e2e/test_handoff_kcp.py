@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +38,12 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace, poll
 from devenv.kcp import KcpError, KcpInstance
+from tests.security.support import unselected_lists
 from tests.support.clock import ManualClock
 from tests.support.go_clients import GoClient, clients, informer_args, reconciler_args
 from tests.support.rest import MERGE_PATCH, RestCalls
 from tests.support.slices import slice_url, slices_over_kcp
+from tests.support.upstream_record import RecordingUpstream
 from tests.support.watches import Recorder, recording
 from tests.support.widgets import API, make_namespace, remove_namespace, widget
 from vwserver.clock import rfc3339
@@ -48,6 +52,13 @@ from vwserver.selector import Selector
 # The contract's names, spelled out (not imported): clients and operators rely on them.
 HOLDS = "sync.edge-connect.eu/holds"
 RELEASE = "sync.edge-connect.eu/release"
+
+
+def holder_label(sid: str) -> str:
+    """The holder label of slice ``sid`` (what a LIST asks kcp for its holds with)."""
+    return "holder.sync.edge-connect.eu/" + hashlib.sha256(sid.encode()).hexdigest()[:40]
+
+
 FIN = {"a": "a.handoff.example.io/cleanup", "b": "b.handoff.example.io/cleanup"}
 PHASE = {"a": "HeldByA", "b": "HeldByB"}
 INTERVAL = 0.5  # the handoff loop's scan interval
@@ -233,6 +244,9 @@ async def bed(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[Bed]:
             yield Bed(kcp, world, ws, namespace, session)
     finally:
         await remove_namespace(kcp, [ws], namespace)
+
+
+REGIONS = {name: Selector.parse(f"region={name}") for name in ("a", "b")}
 
 
 def regions(*names: str) -> dict[str, Selector]:
@@ -898,23 +912,70 @@ async def test_a_list_kcp_answers_shows_the_leaving_object(bed: Bed) -> None:
     """A LIST through the leaving slice that the cache leaves to kcp — here one with a
     ``metadata.namespace`` field selector (whether a resource is namespaced is kcp's to know);
     the same path serves a consistent LIST whenever the cache is behind kcp by more than its
-    freshness wait — shows the held object being deleted, as the cache does: for a slice that
-    records holds kcp is asked without the slice's selector and vwserver decides membership."""
+    freshness wait — shows the held object being deleted, as the cache does. kcp is asked twice,
+    each time naming the slice: with its selector, and with its holder label (which the write
+    that recorded the hold set); the two answers are merged in kcp's order at one
+    resourceVersion, paged with one continue token, and slice ``b``, which the object is
+    arriving in, does not see it (it is in b's selected answer, left out)."""
     name = "kcp-answers"
+    sent: list[RecordingUpstream] = []
+
+    def upstream(**kw: Any) -> RecordingUpstream:
+        sent.append(RecordingUpstream(**kw))
+        return sent[-1]
+
     async with (
-        serving(bed, regions("a", "b")) as base,
+        serving(bed, regions("a", "b"), upstream=upstream) as base,
         recording(bed.session, bed.slice_url(base, "a")),
     ):
+        for before in ("kcp-answer", "kcp-answers-z"):  # in a, before and after it in key order
+            await bed.create(before, region="a")
         await bed.create(name, region="a")
         await bed.add_finalizer(base, "a", name)
+        holder = holder_label(bed.slice_id("a"))
+        assert (await bed.stored(name))["metadata"]["labels"].get(holder) == "true"
         await bed.relabel(name, "b")
         since = await bed.leaving_since(name, "a")
-        query = f"?fieldSelector=metadata.namespace%3D{bed.namespace}"
-        status, listing = await bed.call("GET", bed.slice_url(base, "a") + query)
+        (proxy,) = sent
+        fields = {"fieldSelector": f"metadata.namespace={bed.namespace}"}
+        order = ["kcp-answer", name, "kcp-answers-z"]
+        proxy.sent.clear()
+        status, listing = await bed.call("GET", f"{bed.slice_url(base, 'a')}?{_q(fields)}")
         assert status == 200, listing
         shown = {i["metadata"]["name"]: i["metadata"] for i in listing["items"]}
-        assert name in shown, f"the LIST kcp answered lacks {name}: {sorted(shown)}"
+        assert list(shown) == order, f"the LIST kcp answered: {sorted(shown)}"
         assert shown[name].get("deletionTimestamp") == since, shown[name]
+        assert len(proxy.lists("widgets")) == 2  # the selected and the held list
+        # client pages: one entry each, one continue token across both lists
+        pages: list[list[str]] = []
+        token = ""
+        while True:
+            query = {**fields, "limit": "1", **({"continue": token} if token else {})}
+            status, page = await bed.call("GET", f"{bed.slice_url(base, 'a')}?{_q(query)}")
+            assert status == 200, page
+            pages.append([i["metadata"]["name"] for i in page["items"]])
+            token = page["metadata"].get("continue", "")
+            if not token:
+                break
+        assert pages == [[n] for n in order], pages
+        lists = proxy.lists("widgets")
+        assert not unselected_lists(lists, slice_selector=REGIONS["a"], holder=holder), lists
+        # b: the arriving object is in its selected answer, and left out
+        proxy.sent.clear()
+        status, in_b = await bed.call("GET", f"{bed.slice_url(base, 'b')}?{_q(fields)}")
+        assert status == 200 and in_b["items"] == [], in_b
+        lists = proxy.lists("widgets")
+        assert len(lists) == 2 and not unselected_lists(
+            lists, slice_selector=REGIONS["b"], holder=holder_label(bed.slice_id("b"))
+        ), lists
+        # the release ends the hold and its label in one write
+        await bed.release(base, "a", name)
+        stored = await bed.stored(name)
+        assert holder not in stored["metadata"]["labels"], stored["metadata"]
+
+
+def _q(query: Mapping[str, str]) -> str:
+    return urllib.parse.urlencode(query)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1164,8 +1225,11 @@ async def test_release_annotation_ends_a_hold(bed: Bed) -> None:
         assert (
             added["object"]["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
         )
-        # The handoff loop counts the hold after kcp has answered its write, and b's watch
-        # can deliver that write's event first: wait for the count, then check it is one.
+        # The handoff loop counts the hold once its write is known to be made — kcp's answer,
+        # or (that answer lost to a timeout while kcp made the write) the object read back or
+        # its next version in the cache — and b's watch can deliver that write's event first:
+        # wait for the count, then check it is exactly one (a count per attempt, or none for
+        # a lost answer, would fail here).
         sample = 'vwserver_handoff_holds_ended_total{reason="released"}'
 
         async def counted() -> float | None:

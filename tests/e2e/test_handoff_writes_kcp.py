@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -345,3 +346,101 @@ async def _eventually(check: Any) -> Any:
             return result
         await asyncio.sleep(0.2)
     raise AssertionError(f"not within {WAIT}s: {check.__name__}")
+
+
+def holder_of(sid: str) -> str:
+    """The holder label of slice ``sid``, spelled out: kcp is asked for it by LISTs."""
+    return "holder.sync.edge-connect.eu/" + hashlib.sha256(sid.encode()).hexdigest()[:40]
+
+
+async def test_the_holder_label_follows_the_hold_and_no_client_writes_it(bed: Bed) -> None:
+    """Every write that records or ends a hold sets or removes the slice's holder label in the
+    same write (merge patch, JSON patch, update, apply); a client sets, changes or removes none
+    through a slice (422), and an update that leaves it out keeps it."""
+    name = unique("label")
+    sid = SID_A.format(cluster=bed.world.provider.cluster)
+    key = holder_of(sid)
+    try:
+        forged = widget(name, "ha")
+        forged["metadata"]["labels"][key] = "true"
+        code, status = await bed.call("POST", bed.via("hw-a"), forged)
+        assert code == 422 and key in json.dumps(status), status
+        code, created = await bed.call("POST", bed.via("hw-a"), widget(name, "ha"))
+        assert code == 201, created
+        patch = {"metadata": {"finalizers": [FIN_A]}}
+        code, body = await bed.call("PATCH", bed.via("hw-a", name), patch, content_type=MERGE)
+        assert code == 200, body
+        stored = await bed.stored(name)
+        assert stored["metadata"]["labels"] == {"region": "ha", key: "true"}
+        assert holds_of(stored) == {sid: {"finalizers": [FIN_A]}}
+        for attempt, content_type in (
+            ({"metadata": {"labels": {key: None}}}, MERGE),
+            ({"metadata": {"labels": {key: "false"}}}, MERGE),
+            (
+                [{"op": "replace", "path": "/metadata/labels", "value": {"region": "ha"}}],
+                JSON_PATCH,
+            ),
+        ):
+            code, status = await bed.call(
+                "PATCH", bed.via("hw-ab", name), attempt, content_type=content_type
+            )
+            assert code == 422 and status["reason"] == "Invalid", (attempt, status)
+        # an update without the label (a client that never saw it): put back
+        shown = dict(stored)
+        shown["metadata"] = {**stored["metadata"], "labels": {"region": "ha", "tier": "x"}}
+        code, body = await bed.call("PUT", bed.via("hw-a", name), shown)
+        assert code == 200, body
+        assert (await bed.stored(name))["metadata"]["labels"] == {
+            "region": "ha",
+            "tier": "x",
+            key: "true",
+        }
+        # the release (a JSON patch removing the finalizer) ends the hold and its label
+        code, body = await bed.call(
+            "PATCH",
+            bed.via("hw-a", name),
+            [{"op": "remove", "path": "/metadata/finalizers/0"}],
+            content_type=JSON_PATCH,
+        )
+        assert code == 200, body
+        stored = await bed.stored(name)
+        assert stored["metadata"]["labels"] == {"region": "ha", "tier": "x"}
+        assert not holds_of(stored)
+        # a server-side apply that adds the finalizer sets it too; a later apply keeps it
+        url = bed.via("hw-a", name) + "?fieldManager=ctl&force=true"
+        config = widget(name, "ha")
+        config["metadata"]["finalizers"] = [FIN_A]
+        code, body = await bed.call("PATCH", url, config, content_type=APPLY)
+        assert code == 200, body
+        assert (await bed.stored(name))["metadata"]["labels"].get(key) == "true"
+        config["spec"] = {"size": 3}
+        code, body = await bed.call("PATCH", url, config, content_type=APPLY)
+        assert code == 200, body
+        assert (await bed.stored(name))["metadata"]["labels"].get(key) == "true"
+    finally:
+        await bed.purge(name)
+
+
+async def test_a_missing_holder_label_is_repaired_by_the_handoff_loop(bed: Bed) -> None:
+    """A recorded hold whose label is gone (removed directly in kcp, or written before the
+    labels existed) gets it back from the handoff loop — until then the annotation alone
+    decides what the slice sees (its cached reads show the object all along)."""
+    name = unique("repair")
+    key = holder_of(SID_A.format(cluster=bed.world.provider.cluster))
+    try:
+        code, created = await bed.call("POST", bed.via("hw-a"), widget(name, "ha"))
+        assert code == 201, created
+        patch = {"metadata": {"finalizers": [FIN_A]}}
+        code, body = await bed.call("PATCH", bed.via("hw-a", name), patch, content_type=MERGE)
+        assert code == 200, body
+        await bed.direct_patch(name, {"metadata": {"labels": {key: None}}})
+
+        async def repaired() -> bool:
+            return (await bed.stored(name))["metadata"]["labels"].get(key) == "true"
+
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not await repaired():
+            assert asyncio.get_running_loop().time() < deadline, "the label was not repaired"
+            await asyncio.sleep(0.1)
+    finally:
+        await bed.purge(name)

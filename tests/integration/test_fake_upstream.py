@@ -137,6 +137,34 @@ async def test_paging_is_a_consistent_snapshot(served: Served, session: Session)
     assert int(now["metadata"]["resourceVersion"]) == fake.resource_version
 
 
+async def test_lists_are_in_kcps_key_order(served: Served, session: Session) -> None:
+    """kcp lists in etcd's key order, the bytes of ``<cluster>/<namespace>/<name>`` (kcp
+    v0.32.3, tests/e2e/test_list_pushdown_kcp.py): namespace ``ns-x`` before ``ns``, cluster
+    ``c1-x`` before ``c1`` — as the fake does, across pages."""
+    fake, base = served
+    for cluster, ns, name in (("c1", "ns", "a"), ("c1", "ns-x", "a"), ("c1", "ns", "a-b")):
+        fake.create(cluster=cluster, obj=widget(name, ns))
+    fake.create(cluster="c1-x", obj=widget("z", "ns"))
+    expected = ["c1-x/ns/z", "c1/ns-x/a", "c1/ns/a", "c1/ns/a-b"]
+    for limit in ("", "1", "2"):
+        got: list[str] = []
+        token = ""
+        while True:
+            query = "&".join(q for q in (f"limit={limit}" if limit else "", token) if q)
+            status, page = await get_json(session, f"{base}/clusters/*/{WIDGETS}/widgets?{query}")
+            assert status == 200, page
+            got += [
+                f"{i['metadata']['annotations']['kcp.io/cluster']}/{i['metadata']['namespace']}/"
+                f"{i['metadata']['name']}"
+                for i in page["items"]
+            ]
+            token = page["metadata"].get("continue", "")
+            if not token:
+                break
+            token = f"continue={token}"
+        assert got == expected, (limit, got)
+
+
 async def test_expired_continue_gives_410_with_an_inconsistent_continue_token(
     session: Session,
 ) -> None:

@@ -8,7 +8,9 @@ Nothing here is a test. The pieces:
   to the requests the fake records itself, so that a test can tell a Status the proxy relayed
   from one it made up;
 * :func:`status_problem` — whether an error response is a Kubernetes ``Status``;
-* :func:`env_int` — sizes of the bounded tests, overridable from the environment.
+* :func:`env_int` — sizes of the bounded tests, overridable from the environment;
+* :func:`unselected_lists` — the upstream LISTs that ask kcp for more than a slice's own
+  objects (neither the slice's selector nor its holder label in their ``labelSelector``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,7 @@ from aiohttp import web
 
 from fakekcp.upstream import FakeUpstream
 from vwserver.logs import formatter
+from vwserver.selector import Selector
 
 
 def env_int(name: str, default: int) -> int:
@@ -158,3 +162,21 @@ def lookalike(name: str, ns: str) -> dict[str, Any]:
         "rows": [{"cells": [name], "object": {"metadata": fake}}],
         "type": "ADDED",
     }
+
+
+def unselected_lists(
+    queries: Iterable[Mapping[str, str]], *, slice_selector: Selector, holder: str
+) -> list[Mapping[str, str]]:
+    """Of the queries of upstream LISTs, those that ask kcp without naming the slice: whose
+    ``labelSelector`` lacks one of the slice's selector's requirements and does not require
+    the slice's holder label ``holder`` (:func:`vwserver.holds.holder_label`) either. Every
+    pass-through LIST must name the slice one way or the other (issue 23): an unfiltered one
+    reads the whole export."""
+    own = set(slice_selector.requirements)
+    held = set(Selector.parse(holder).requirements)
+    out: list[Mapping[str, str]] = []
+    for query in queries:
+        asked = set(Selector.parse(query.get("labelSelector", "")).requirements)
+        if not (own and own <= asked) and not held <= asked:
+            out.append(query)
+    return out

@@ -1,19 +1,24 @@
-"""Upstream work per client request is bounded (issue 22, finding 4), against the fake upstream.
+"""Upstream work per client request is bounded (issues 22 and 23), against the fake upstream.
 
-A slice that records holds asks kcp for its LISTs without its own selector and decides
-membership itself (:mod:`vwserver.proxy.lists`). Random populations of objects — in the slice,
-outside it, held by it while leaving it, held by another slice that keeps them from it — are
-listed through the slice with a random client limit, field selector, label selector and
-representation, following the continue chain to its end. For every example:
+A slice that records holds asks kcp twice, each time naming the slice: with its selector, and
+with its holder label (:mod:`vwserver.proxy.lists`), and decides membership itself. Random
+populations of objects — in the slice, outside it, held by it while leaving it, held by it and
+in it, held by another slice that keeps them from it, carrying the slice's holder label without
+a hold (a stray label: a filtered row) — are listed through the slice with a random client
+limit, field selector, label selector and representation, following the continue chain to its
+end. For every example:
 
 (a) the pages together are exactly what the slice sees of the selection, in kcp's order,
     nothing twice (membership from :func:`vwserver.holds.sees`, which the handoff tests pin;
     what is proven here is the paging);
 (b) no client page cost kcp more than :data:`~vwserver.proxy.lists.MAX_UPSTREAM_PAGES` LISTs
     (counted by vwserver's ``vwserver_upstream_requests_total``) beyond one per page size of
-    objects the slice does not see before the page's first entry, and no page is longer than
-    the limit;
-(c) every upstream LIST carried the client's label and field selectors (pushed down; a field
+    objects kcp answers that the slice does not see before the page's first entry (and one
+    more: they may be in either stream), and no page is longer than the limit — objects of
+    other slices cost nothing;
+(c) every upstream LIST named the slice — its selector or its holder label
+    (:func:`~tests.security.support.unselected_lists`) — with the client's label selector
+    (the slice's own keys left out next to the holder label) and field selectors (a field
     selector naming one namespace as that namespace's collection, as the apiserver reads it);
 (d) no continue token names an object the slice does not see: each follows its page's last
     entry, and only the last page is empty.
@@ -40,13 +45,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from fakekcp.store import ResourceSpec
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
-from tests.security.support import env_int
+from tests.security.support import env_int, unselected_lists
 from tests.support.cache import CachedProxy, cached_proxy
 from tests.support.properties import bounded_settings
 from tests.support.serve import NO_AUTH, serve_app
-from vwserver.holds import HOLDS_ANNOTATION, Member, sees, slice_id
+from vwserver.holds import HOLDS_ANNOTATION, Member, holder_label, leaving_safe, sees, slice_id
 from vwserver.k8s.kubeconfig import ClientAuth
-from vwserver.proxy.lists import MAX_UPSTREAM_PAGES
+from vwserver.proxy.lists import MAX_UPSTREAM_PAGES, decode_continue
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
@@ -64,7 +69,7 @@ ACCEPT = {
     "partial": "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json",
 }
 GADGET = {"apiVersion": "example.io/v1alpha1", "kind": "Gadget"}
-KINDS = ("mine", "other", "unlabelled", "held-leaving", "held-mine", "held-by-other")
+KINDS = ("mine", "other", "unlabelled", "held-leaving", "held-mine", "held-by-other", "stray")
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,16 @@ class Obj:
         )
         if self.kind != "unlabelled":
             labels["region"] = region
+        if self.kind == "stray":  # another slice's object with a's holder label, no hold
+            labels["region"] = "b"
+            labels[holder_label(slice_id(SLICE_CLUSTER, "a"))] = "true"
         holder = {"held-leaving": "a", "held-mine": "a", "held-by-other": "b"}.get(self.kind)
         if holder:
             hold: dict[str, Any] = {"finalizers": [FINALIZER[holder]]}
             if not Selector.parse(SLICES[holder]).matches(labels):
                 hold["leavingSince"] = SINCE
             annotations[HOLDS_ANNOTATION] = json.dumps({slice_id(SLICE_CLUSTER, holder): hold})
+            labels[holder_label(slice_id(SLICE_CLUSTER, holder))] = "true"  # as vwserver writes
             finalizers.append(FINALIZER[holder])
         return {
             "apiVersion": "example.io/v1alpha1",
@@ -241,6 +250,17 @@ async def run_example(world: World, ex: Example) -> None:
             finalizers=bodies[o]["metadata"]["finalizers"],
         )
     ]
+    # What kcp answers the slice's two queries with (the selected and the held stream): the
+    # objects a page may have to read past.
+    holder = holder_label(MEMBER.id)
+    own = MEMBER.selector & client
+    held = Selector.parse(holder) & leaving_safe(client, slice_selector=MEMBER.selector)
+    answered = [
+        o
+        for o in selected
+        if own.matches(bodies[o]["metadata"]["labels"])
+        or held.matches(bodies[o]["metadata"]["labels"])
+    ]
     cluster = "*" if ex.wildcard else ex.cluster
     url = f"{world.base}/services/filtered-apiexport/{SLICE_CLUSTER}/a/clusters/{cluster}/{API}/widgets"
     pages: list[tuple[list[str], float, str]] = []
@@ -261,9 +281,15 @@ async def run_example(world: World, ex: Example) -> None:
         doc = json.loads(body)
         names = _names(doc)
         assert len(names) <= ex.limit, (names, ex.limit)
-        # (c) every upstream LIST carried the client's selectors
+        # (c) every upstream LIST named the slice, with the client's selectors
         lists = [r for r in world.fake.faults.requests if r.path.endswith("/widgets")]
         assert len(lists) == cost, lists
+        assert (
+            unselected_lists(
+                [r.query for r in lists], slice_selector=MEMBER.selector, holder=holder
+            )
+            == []
+        ), lists
         for r in lists:
             if ex.wildcard:
                 assert r.query.get("fieldSelector") == fields, r.query
@@ -272,7 +298,7 @@ async def run_example(world: World, ex: Example) -> None:
                 rest = f"metadata.name!={ex.not_named}" if ex.not_named else None
                 assert r.query.get("fieldSelector") == rest, r.query
             pushed = Selector.parse(r.query.get("labelSelector", ""))
-            assert pushed.render() == client.render(), r.query
+            assert pushed.render() in (own.render(), held.render()), r.query
         token = doc["metadata"].get("continue", "")
         pages.append((names, cost, token))
         if not token:
@@ -280,14 +306,15 @@ async def run_example(world: World, ex: Example) -> None:
     got = [name for names, _, _ in pages for name in names]
     # (a) exactly what the slice sees, in order, once
     assert got == wanted, (got, wanted, pages)
-    position = {o.name: i for i, o in enumerate(selected)}
+    position = {o.name: i for i, o in enumerate(answered)}
     end = 0  # where the previous page ended among kcp's entries
     for names, cost, token in pages:
         # (b) bounded: the cap, plus a page of objects the slice does not see per page size
-        # read before the page's first entry
-        first = position[names[0]] if names else len(selected)
+        # read before the page's first entry (in either stream)
+        first = position[names[0]] if names else len(answered)
         skipped = first - end
-        assert cost <= MAX_UPSTREAM_PAGES + -(-skipped // world.page_size), (pages, skipped)
+        bound = MAX_UPSTREAM_PAGES + (-(-skipped // world.page_size) + 1 if skipped else 0)
+        assert cost <= bound, (pages, skipped)
         # (d) a page is empty only at the end, and its token follows its own last entry
         if token:
             assert names, pages
@@ -297,7 +324,9 @@ async def run_example(world: World, ex: Example) -> None:
 
 
 def _token_follows(token: str) -> str:
-    """The name of the object a (fake kcp) continue token resumes after."""
+    """The name of the object a continue token (the proxy's, around fake kcp's) resumes
+    after."""
+    token = decode_continue(token).token
     doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
     start: str = doc["start"]
     return start.rstrip("\0").rsplit("/", 1)[-1]
@@ -353,3 +382,37 @@ async def test_a_namespace_field_selector_on_a_cluster_scoped_resource_is_asked_
                 paths = [r.path.split(f"/{API}", 1)[1] for r in fake.faults.requests]
                 narrowed = ["/namespaces/ns1/gadgets"] if names == [] else []
                 assert paths == [*narrowed, "/gadgets"], paths
+
+
+async def test_every_pass_through_read_names_the_slice(world: World) -> None:
+    """The other pass-through reads of a slice that records holds ask kcp with the slice's
+    selector too: a watch the cache does not serve (a deprecated ``/watch/`` path), a LIST of
+    every shape the cache leaves to kcp (YAML, a namespace field selector), a
+    deletecollection's list — no upstream LIST or WATCH without the slice's selector or its
+    holder label."""
+    prefix = f"{world.base}/services/filtered-apiexport/{SLICE_CLUSTER}/a/clusters/c1/{API}"
+    reads = [
+        ("GET", f"{prefix}/watch/namespaces/w0/widgets", {"timeoutSeconds": "1"}, {}),
+        ("GET", f"{prefix}/widgets", {"limit": "3"}, {"Accept": "application/yaml"}),
+        ("GET", f"{prefix}/widgets", {"fieldSelector": "metadata.namespace=w0"}, {}),
+        ("DELETE", f"{prefix}/namespaces/w0/widgets", {"labelSelector": "tier=none"}, {}),
+    ]
+    holder = holder_label(MEMBER.id)
+    for method, url, params, headers in reads:
+        world.fake.faults.requests.clear()
+        async with world.session.request(method, url, params=params, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+        # (the shared cache's own list and watch, on clusters/*, which a deletecollection's
+        # dependents check may start, read everything by design: it serves every slice)
+        asked = [
+            r.query
+            for r in world.fake.faults.requests
+            if r.path.endswith("/widgets") and "/clusters/*/" not in r.path
+        ]
+        assert asked, (method, url)
+        assert unselected_lists(asked, slice_selector=MEMBER.selector, holder=holder) == [], (
+            method,
+            url,
+            asked,
+        )

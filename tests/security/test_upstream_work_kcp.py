@@ -1,19 +1,19 @@
-"""Upstream work per client request is bounded, against real kcp (issue 22, finding 4).
+"""Upstream work per client request is bounded, against real kcp (issues 22 and 23).
 
-A slice that records holds asks kcp for its LISTs without its own selector (an object it holds
-is in it whatever its labels) and decides membership itself, so kcp's pages can hold nothing
-the slice sees. ``?limit=1`` then cost one upstream LIST per object kcp had to skip: with a
-thousand objects of another slice before the one that matches, a thousand LISTs. Here the same
-collection is read through a slice served by vwserver (with the shared cache, so the slice
-records holds; the namespace field selector is a shape the cache leaves to kcp) and kcp's LISTs
-are counted by vwserver's own ``vwserver_upstream_requests_total``.
+A slice that records holds once asked kcp for its LISTs without its own selector (an object it
+holds is in it whatever its labels), so kcp's pages could hold nothing the slice sees: first
+``?limit=1`` cost one upstream LIST per object kcp had to skip, then one per ``listPageSize`` of
+them. Now kcp is asked twice, each time naming the slice (its selector; its holder label), so
+the objects of other slices cost nothing. Here the same collection is read through slices
+served by vwserver (with the shared cache, so they record holds; the namespace field selector
+is a shape the cache leaves to kcp); kcp's LISTs are counted by vwserver's own
+``vwserver_upstream_requests_total``, and every one's ``labelSelector`` is checked
+(:func:`tests.security.support.unselected_lists`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -25,10 +25,13 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpInstance
+from tests.security.support import unselected_lists
 from tests.support.metrics import sample
 from tests.support.slices import slice_url, slices_over_kcp
+from tests.support.upstream_record import RecordingUpstream
 from tests.support.widgets import API, make_namespace, remove_namespace, widget
-from vwserver.proxy.lists import MAX_UPSTREAM_PAGES
+from vwserver.holds import holder_label, slice_id
+from vwserver.proxy.lists import decode_continue
 from vwserver.selector import Selector
 
 OTHERS = 1000  # objects of another slice, before the one that matches (in key order)
@@ -117,15 +120,32 @@ async def _pages(
             return pages
 
 
+def _checked(world: Bootstrap, proxy: RecordingUpstream, name: str, selector: Selector) -> None:
+    """Every LIST ``proxy`` sent named slice ``name`` (its selector or its holder label)."""
+    lists = proxy.lists("widgets")
+    holder = holder_label(slice_id(world.provider.cluster, name))
+    assert lists and not unselected_lists(lists, slice_selector=selector, holder=holder), lists
+    proxy.sent.clear()
+
+
 @pytest.mark.parametrize("accept", ["application/json", TABLE], ids=["objects", "table"])
-async def test_a_limit_1_list_costs_kcp_a_few_lists(
+async def test_a_limit_1_list_costs_kcp_two_lists(
     kcp: KcpInstance, world: Bootstrap, crowd: Crowd, accept: str
 ) -> None:
     slices = {"a": Selector.parse("region=a"), "b": Selector.parse("region=b")}
+    made: list[RecordingUpstream] = []
+
+    def upstream(**kw: Any) -> RecordingUpstream:
+        made.append(RecordingUpstream(**kw))
+        return made[-1]
+
     async with (
-        slices_over_kcp(kcp, world, slices=slices, page_size=PAGE_SIZE, cache=True) as base,
+        slices_over_kcp(
+            kcp, world, slices=slices, page_size=PAGE_SIZE, cache=True, upstream=upstream
+        ) as base,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client,
     ):
+        (proxy,) = made
         url = f"{slice_url(base, world, 'a', crowd.ws.cluster)}/{API}/widgets"
         query = {"limit": "1", "fieldSelector": f"metadata.namespace={crowd.namespace}"}
         read = await _pages(
@@ -135,23 +155,25 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
         costs = [page.cost for page in read]
         print(f"limit=1 through a slice that records holds: kcp LISTs {costs} for {names}")
         assert names == ["0-first", "z-match"]
-        assert max(costs) <= MAX_UPSTREAM_PAGES, costs
-        # The second page skips 1000 objects in upstream pages that grow to the page size.
-        assert len(costs) == 2 and costs[1] <= 1 + -(-OTHERS // PAGE_SIZE), costs
+        # the first page: the selected and the held list (empty: its token says so); the
+        # second: the selected list alone, from the first page's token — the thousand objects
+        # of the other slice between them cost nothing
+        assert costs == [2, 1], costs
+        assert decode_continue(read[0].token).streams == ("selected",)
+        _checked(world, proxy, "a", slices["a"])
 
-        # A list of everything is paged upstream with the page size: one LIST per page.
+        # A list of everything: each list paged with the page size, here one page each.
         before = await sample(client, base, UPSTREAM, method="GET")
         async with client.get(url, params={"fieldSelector": query["fieldSelector"]}) as resp:
             assert resp.status == 200, await resp.text()
             doc = await resp.json()
         assert _names(doc) == ["0-first", "z-match"]
         cost = await sample(client, base, UPSTREAM, method="GET") - before
-        assert cost == -(-(OTHERS + 2) // PAGE_SIZE), cost
+        assert cost == 2, cost
+        _checked(world, proxy, "a", slices["a"])
 
-        # The other slice pages through its thousand objects, none lost or repeated. Its
-        # first page: kcp's first page (5 objects) holds 4 it sees, the next one (the page
-        # size) 500, of which one fills the client's page — the proxy's continue token must
-        # resume right after that one.
+        # The other slice pages through its thousand objects, none lost or repeated, one LIST
+        # per page after the first.
         other = f"{slice_url(base, world, 'b', crowd.ws.cluster)}/{API}/widgets"
         fields = {"fieldSelector": query["fieldSelector"]}
         read = await _pages(
@@ -165,32 +187,5 @@ async def test_a_limit_1_list_costs_kcp_a_few_lists(
         costs = [page.cost for page in read]
         print(f"limit=5, then 400 through the other slice: kcp LISTs {costs}")
         assert seen == [f"a-{i:04d}" for i in range(OTHERS)]
-        # the first page: kcp's page of 5, the page of 500 it filled up in, and that page's
-        # first object read again (for kcp's continue token after it)
-        assert costs[0] == 3 and max(costs) <= MAX_UPSTREAM_PAGES, costs
-
-
-async def test_a_short_page_ends_on_its_own_last_object(
-    kcp: KcpInstance, world: Bootstrap, crowd: Crowd
-) -> None:
-    """With a small page size the rounds run out before ``z-match``: the first page is short
-    (``0-first``), and its continue token follows ``0-first`` — kcp's first page read again
-    up to there at its resourceVersion — never one of the objects of the other slice the proxy
-    read past (a token names the object it follows). The next page reads on to ``z-match``,
-    one LIST per page size of objects it does not see."""
-    page_size = 100
-    slices = {"a": Selector.parse("region=a")}
-    async with (
-        slices_over_kcp(kcp, world, slices=slices, page_size=page_size, cache=True) as base,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client,
-    ):
-        url = f"{slice_url(base, world, 'a', crowd.ws.cluster)}/{API}/widgets"
-        query = {"limit": "2", "fieldSelector": f"metadata.namespace={crowd.namespace}"}
-        pages = await _pages(client, base, url, lambda token: _resumed(query, token))
-        print(f"limit=2, page size {page_size}: {[(names, cost) for names, cost, _ in pages]}")
-        assert [names for names, _, _ in pages] == [["0-first"], ["z-match"]], pages
-        first_token = pages[0][2]
-        start = json.loads(base64.urlsafe_b64decode(first_token + "=" * (-len(first_token) % 4)))
-        assert start["start"].rstrip("\0").rsplit("/", 1)[-1] == "0-first", start
-        assert pages[0][1] == MAX_UPSTREAM_PAGES, pages  # 2 + 100 + 100 objects, the re-read
-        assert pages[1][1] <= MAX_UPSTREAM_PAGES + -(-OTHERS // page_size), pages
+        assert costs == [2, 1, 1, 1], costs
+        _checked(world, proxy, "b", slices["b"])

@@ -18,3 +18,20 @@ async def sample(session: aiohttp.ClientSession, base: str, name: str, **labels:
         for s in family.samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+async def per_worker(
+    session: aiohttp.ClientSession, base: str, name: str, **labels: str
+) -> dict[str, float]:
+    """:func:`sample` per ``worker`` label, as the parent of several workers shows their
+    metrics (``vwserver serve --workers``; ``base``: its health listener)."""
+    async with session.get(f"{base}/metrics") as resp:
+        assert resp.status == 200, f"GET {base}/metrics: {resp.status}"
+        text = await resp.text()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                worker = s.labels["worker"]
+                sums[worker] = sums.get(worker, 0.0) + s.value
+    return sums

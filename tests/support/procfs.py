@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Usage", "tcp_connections", "usage"]
+__all__ = ["Usage", "alive", "children", "tcp_connections", "usage"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -73,3 +73,28 @@ def tcp_connections(pid: int, *, port: int) -> int:
             if remote_port == port and fields[3] == _ESTABLISHED and fields[9] in inodes:
                 count += 1
     return count
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (read from every ``/proc/<pid>/stat``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # the field after the parenthesised command name: state, then the parent's pid
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"

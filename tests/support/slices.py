@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 from devenv.bootstrap import Bootstrap
 from devenv.kcp import KcpInstance
@@ -34,6 +34,7 @@ async def slices_over_kcp(
     uncached: Collection[str] = (),
     handoff_interval: float = 2.0,
     clock: Clock | None = None,
+    upstream: Callable[..., UpstreamClient] = UpstreamClient,
 ) -> AsyncIterator[str]:
     """Serve ``slices`` (name → selector, in the provider's workspace) over the demo export's
     virtual workspace, unauthenticated (``NO_AUTH``), vwserver reading kcp as kcp's admin;
@@ -43,7 +44,8 @@ async def slices_over_kcp(
     handoff loop every ``handoff_interval`` seconds; ``hold_timeouts``: per slice name, how
     long it may hold an object leaving it; ``uncached``: slices whose reads always go to kcp
     (they record no holds); ``limits``: the listener's (default: the
-    config's)."""
+    config's); ``upstream``: the proxy's upstream client, made with ``auth=`` (e.g. one that records
+    what it sends, :class:`tests.support.upstream_record.RecordingUpstream`)."""
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
@@ -68,7 +70,7 @@ async def slices_over_kcp(
             stack.push_async_callback(registry.aclose)
         app = build_app(
             routes=routes,
-            upstream=UpstreamClient(auth=auth),
+            upstream=upstream(auth=auth),
             page_size=page_size,
             guard=NO_AUTH,
             metrics=metrics,

@@ -69,3 +69,37 @@ def test_only_a_run_without_kcp_takes_a_kcp_part_that_exists() -> None:
         r.with_kcp_part(kcp_run, kcp_run, source="x")
     with pytest.raises(ValueError, match="has no kcp part"):
         r.with_kcp_part(rest, rest, source="x")
+
+
+def test_a_run_of_some_parts_takes_the_others_from_earlier_results() -> None:
+    """``--only writes,consistent --rest-from docs/bench/results.json``: one report again."""
+    earlier = run(kcp=True, fake=0.5, kcp_ratio=0.1, note="earlier")
+    earlier.seconds["list"] = 10.0
+    earlier.ratios["writes.get.c16.time"] = r.Ratio(label="old writes", value=9.0)
+    earlier.seconds["writes"] = 60.0
+    now = r.Results(
+        mode="quick",
+        taken="now",
+        machine={"kcp": "v0.32.3"},
+        seconds={"writes": 100.0},
+        skipped={"list": "not asked for", "kcp": "not asked for"},
+        notes=["writes: kcp idle"],
+        ratios={"writes.get.c16.time": r.Ratio(label="writes", value=1.1)},
+        writes=[
+            r.WriteRun(target="slice", verb="get", concurrency=16, ops=1, p50_ms=1, p99_ms=1,
+                       rps=1, kcp_cpu_ms=1, kcp_requests=3, kcp_dry_runs=0)
+        ],
+    )  # fmt: skip
+    merged = r.with_earlier_parts(now, earlier, source="docs/bench/results.json")
+    assert merged.ratios["writes.get.c16.time"].value == 1.1  # this run's own part wins
+    assert merged.ratios["list.fake.cache.10000"].value == 0.5
+    assert merged.ratios["list.kcp.cache.10000"].value == 0.1
+    assert [p.upstream for p in merged.lists] == ["fake", "kcp"]
+    assert len(merged.writes) == 1
+    assert merged.seconds == {"writes": 100.0, "kcp": 3600.0, "list": 10.0}
+    assert "list" not in merged.skipped and "kcp" not in merged.skipped
+    assert merged.notes[0] == "writes: kcp idle"
+    assert merged.notes[1].startswith("kcp, list: from an earlier full run (earlier")
+    assert merged.notes[-1] == "kcp: earlier"  # the kcp part's own note comes with it
+    # Nothing to take: the run is returned as it is.
+    assert r.with_earlier_parts(now, now, source="x") is now

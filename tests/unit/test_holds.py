@@ -45,13 +45,17 @@ from vwserver.holds import (
     as_leaving,
     client_labels,
     effective_holds,
+    holder_label,
+    holder_label_changes,
+    holder_labels,
+    is_holder_label,
     leaving_since,
     parse_holds,
     plan_write,
     render_holds,
     sees,
 )
-from vwserver.selector import Selector
+from vwserver.selector import Selector, label_key_problems
 
 SELECTORS = {
     "ws/a": Selector.parse("region=a"),
@@ -294,6 +298,8 @@ def test_decide_records_and_times_out() -> None:
     )
     assert moved is not None and moved.recorded == ["ws/a"] and moved.finalizers is None
     assert parse_holds(moved.holds)["ws/a"].leavingSince == "2026-12-01T12:00:00Z"
+    # the holder label goes with the entry (here repaired: the object had none)
+    assert moved.labels == {holder_label("ws/a"): "true"}
     assert patch_for(moved, resource_version="7", had_holds=True)[0] == {
         "op": "test",
         "path": "/metadata/resourceVersion",
@@ -303,7 +309,7 @@ def test_decide_records_and_times_out() -> None:
     later = {HOLDS_ANNOTATION: moved.holds}
     assert (
         decide(
-            labels={"region": "b"},
+            labels={"region": "b", **holder_labels(moved.holds)},
             annotations=later,
             finalizers=["f"],
             selector_of=SELECTORS.get,
@@ -323,7 +329,7 @@ def test_decide_records_and_times_out() -> None:
     assert timed_out is not None and timed_out.finalizers == [] and timed_out.holds is None
     assert timed_out.ended == [("ws/a", ("f",), "timeout")]
     back = decide(
-        labels={"region": "a"},
+        labels={"region": "a", **holder_labels(moved.holds)},
         annotations=later,
         finalizers=["f"],
         selector_of=SELECTORS.get,
@@ -339,7 +345,11 @@ def test_decide_records_and_times_out() -> None:
         timeout_of=lambda _sid: 1.0,
         now=NOW,
     )
-    assert unknown is None  # another server's slice: left alone
+    # another server's slice: its hold is left alone; only the label that indexes the entry is
+    # repaired (the label follows the annotation, whoever serves the slice)
+    assert unknown is not None and unknown.labels == {holder_label("other/x"): "true"}
+    assert unknown.finalizers is None and not unknown.ended and not unknown.remove_release
+    assert unknown.holds == json.dumps({"other/x": {"finalizers": ["f"]}}, separators=(",", ":"))
 
 
 # --- a leave, once recorded, completes (monotonic deletion) ------------------------------------
@@ -369,8 +379,8 @@ def test_an_object_moved_back_before_the_release_is_still_being_deleted() -> Non
     leaving = {HOLDS_ANNOTATION: moved.holds}
     hold = parse_holds(moved.holds)["ws/a"]
     assert hold.leavingLabels == {"region": "a", "app": "w"}
-    back = {"region": "a"}
-    for labels in ({"region": "b"}, back):
+    back = {"region": "a", **holder_labels(moved.holds)}
+    for labels in ({"region": "b", **holder_labels(moved.holds)}, back):
         kw = {"labels": labels, "annotations": leaving, "finalizers": ["f"]}
         assert sees(member("ws/a"), **kw)
         assert leaving_since(member("ws/a"), **kw) == "2026-12-01T12:00:00Z"
@@ -476,3 +486,65 @@ def test_as_leaving_shows_an_unrecorded_move_being_deleted_at_once() -> None:
     shown = json.loads(as_leaving(raw, "", now=lambda: "2026-12-01T12:00:01Z"))
     assert shown["metadata"]["deletionTimestamp"] == "2026-12-01T12:00:01Z"
     assert json.loads(as_leaving(raw, ""))["metadata"]["deletionTimestamp"].endswith("Z")
+
+
+# --- the holder labels --------------------------------------------------------------------------
+
+
+@given(st.text(min_size=1, max_size=300))
+def test_a_holder_label_is_a_valid_label_key_per_slice(sid: str) -> None:
+    """One label key per slice id, within Kubernetes' label syntax (a DNS-subdomain prefix, a
+    name of at most 63 characters), that a label selector can ask for by its existence."""
+    key = holder_label(sid)
+    assert is_holder_label(key) and not label_key_problems(key), key
+    assert Selector.parse(key).matches({key: "true"})
+    assert not Selector.parse(key).matches({})
+    assert holder_label(sid + "x") != key
+
+
+def test_the_holder_labels_follow_the_entries_of_the_annotation() -> None:
+    two = render_holds({"ws/a": Hold(finalizers=("f",)), "ws/b": Hold(finalizers=("g",))})
+    one = render_holds({"ws/b": Hold(finalizers=("g",))})
+    a, b = holder_label("ws/a"), holder_label("ws/b")
+    assert holder_labels(two) == {a: "true", b: "true"}
+    # set what is missing, remove what names no entry, leave the client's labels alone
+    assert holder_label_changes({"x": "1"}, two) == {a: "true", b: "true"}
+    assert holder_label_changes({"x": "1", a: "true", b: "true"}, one) == {a: None}
+    assert holder_label_changes({"x": "1", b: "true"}, one) == {}
+    assert holder_label_changes({b: "forged"}, one) == {b: "true"}
+    assert holder_label_changes({a: "true"}, None) == {a: None}
+
+
+def test_a_write_that_records_or_ends_a_hold_changes_its_label_in_the_same_plan() -> None:
+    added = plan_write(
+        member("ws/a"),
+        stored_labels={"region": "a"},
+        stored_annotations={},
+        stored_finalizers=[],
+        result_labels={"region": "a"},
+        result_finalizers=["f"],
+        record=True,
+    )
+    assert added.changes and added.labels == {holder_label("ws/a"): "true"}
+    assert added.annotation is not None
+    stored = {"region": "a", holder_label("ws/a"): "true"}
+    ended = plan_write(
+        member("ws/a"),
+        stored_labels=stored,
+        stored_annotations={HOLDS_ANNOTATION: added.annotation},
+        stored_finalizers=["f"],
+        result_labels=stored,
+        result_finalizers=[],
+        record=True,
+    )
+    assert ended.annotation is None and ended.labels == {holder_label("ws/a"): None}
+    kept = plan_write(
+        member("ws/a"),
+        stored_labels=stored,
+        stored_annotations={HOLDS_ANNOTATION: added.annotation},
+        stored_finalizers=["f"],
+        result_labels=stored,
+        result_finalizers=["f"],
+        record=True,
+    )
+    assert not kept.changes

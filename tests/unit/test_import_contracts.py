@@ -4,7 +4,7 @@ Layers, top to bottom; a module may import its own layer's package and anything 
 above (the README's architecture picture):
 
     cli
-    server, listener, syncer, clientconfig        (the commands' assembly)
+    server, listener, syncer, clientconfig, workers (the commands' assembly)
     proxy, controller                             (request path, slice control loop)
     auth, routes, cache
     k8s, selector, config                         (control-loop layer, pure logic, config base)
@@ -27,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vwserver"
 
 LAYERS: list[set[str]] = [
     {"cli", "__main__"},
-    {"server", "listener", "syncer", "clientconfig"},
+    {"server", "listener", "syncer", "clientconfig", "workers"},
     {"proxy", "controller"},
     {"auth", "routes", "cache"},
     {"k8s", "selector", "holds", "config", "names"},

@@ -298,6 +298,8 @@ class SharedResource:
         self._failed = asyncio.Event()
         """Set when a list or watch failed before the first list completed."""
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # A resourceVersion kcp had reached when the stream had not (see behind_upstream).
+        self._upstream_ahead = 0
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -374,6 +376,19 @@ class SharedResource:
         finally:
             self._waiters = [(r, f) for r, f in self._waiters if f is not future]
         return self.store.rv >= rv
+
+    @property
+    def behind_upstream(self) -> bool:
+        """Whether kcp is known to be at a resourceVersion this resource's stream has not
+        reached (:meth:`upstream_at`): a consistent read cannot be proven until the stream gets
+        there, which only its next event or bookmark does — so the read goes to kcp at once,
+        without asking kcp's resourceVersion first (it can only be the same or newer)."""
+        return self._upstream_ahead > self.store.rv
+
+    def upstream_at(self, rv: int) -> None:
+        """kcp's current resourceVersion was ``rv`` (a consistent read found it ahead of the
+        stream): remembered until the stream reaches it."""
+        self._upstream_ahead = max(self._upstream_ahead, rv)
 
     def subscribe(self, *, from_rv: int, queue_size: int) -> Subscription:
         """Every change after ``from_rv`` and then the live ones, through a queue of

@@ -208,8 +208,15 @@ class MetricsConfig(_Strict):
     path: str = "/metrics"
 
 
+MAX_WORKERS = 64
+"""More processes than this on one socket is a configuration mistake, not a deployment."""
+
+
 class Config(CommandConfig):
     listen: Listen = msgspec.field(default_factory=Listen)
+    # Processes serving the listen socket (SO_REUSEPORT), each one core (vwserver.workers);
+    # ``vwserver serve --workers N`` overrides it. 1: one process, as without the key.
+    workers: int = 1
     health: HealthListen | None = None
     connections: Connections = msgspec.field(default_factory=Connections)
     tls: TLS | None = None
@@ -262,6 +269,7 @@ def slice_selector(slice_: SliceConfig, *, field: str) -> Selector:
 def _validate(config: Config, *, base_dir: Path) -> None:
     if not 0 < config.listen.port < 65536:
         raise ConfigError("$.listen.port", f"{config.listen.port} is not a TCP port")
+    check_workers(config.workers, field="$.workers")
     if config.health is not None:
         if not 0 <= config.health.port < 65536:
             raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
@@ -353,6 +361,12 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         if s.upstream_url is not None and not s.upstream_url.startswith(("https://", "http://")):
             raise ConfigError(f"{field}.upstreamURL", f"{s.upstream_url!r} is not an http(s) URL")
         slice_selector(s, field=field)
+
+
+def check_workers(workers: int, *, field: str) -> None:
+    """``workers`` (from the file, or ``--workers``) is a usable number of processes."""
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(field, f"{workers} workers: must be between 1 and {MAX_WORKERS}")
 
 
 def _validate_upstream(up: Upstream, *, base_dir: Path) -> None:

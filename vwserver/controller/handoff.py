@@ -20,25 +20,41 @@ things do, and this loop makes them from what the shared watch cache holds:
 * **The operator's escape hatch.** ``sync.edge-connect.eu/release: <slice cluster>/<slice
   name>`` (or ``*``) set directly on the object in kcp ends those holds the same way.
 
+Each of these writes also sets the holder labels (:func:`vwserver.holds.holder_label`) to
+the entries it leaves; an object whose labels do not match its entries (a label removed in kcp,
+an entry written before the labels existed) gets a write that repairs them alone.
+
 Ended holds are logged (the audit trail: object, slice, finalizers, why) and counted in
 ``vwserver_handoff_holds_ended_total{reason}``; holds that have been leaving for longer than
 ``stuck_after`` are counted per slice (:meth:`Handoff.stuck`) for the slice's ``HoldsReleased``
 condition. Every write is one JSON patch that starts with
 a ``test`` of the resourceVersion the decision was made on, so replicas racing each other, or a
 client's write in between, cost a failed test and a new decision on the next scan — never a
-lost finalizer.
+lost finalizer. A write whose answer never came (a timeout, a dropped connection: kcp may have
+made it) is read back, and counted and logged once the object shows it made
+(:func:`carried_out`): the next scan finds nothing left to end, so counting only kcp's answers
+missed such holds.
 
 The loop scans the objects of the running shared resources every ``interval`` seconds (it does
 not subscribe: a resource nobody reads still stops when idle; a move is then seen when the
 first reader starts it again, and shown from then on).
+
+**Several workers** (``vwserver serve --workers N``, :mod:`vwserver.workers`): each process has
+its own cache, and worker 0 alone runs this loop — one writer per server, so that N processes
+do not each spend a write (and a failed test) on every move. A loop can only scan what its own
+cache runs, and a client's reads may all land on another worker; so every other worker runs a
+:class:`HandoffRelay` instead, which tells worker 0 every ``interval`` which resources it runs
+(worker 0 keeps them running as if read: :meth:`Handoff.keep`) and forwards at once the wake of
+a read that found an unrecorded move. Replicas (other pods) still each run their own loop; their
+writes race safely as described above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -55,10 +71,13 @@ from vwserver.holds import (
     Hold,
     annotation_pointer,
     effective_holds,
+    holder_label_changes,
     implied_labels,
+    label_pointer,
     parse_holds,
     render_holds,
 )
+from vwserver.k8s.client import KubeClient
 from vwserver.metrics import ServerMetrics
 from vwserver.routes import Routes
 from vwserver.selector import Selector
@@ -89,6 +108,11 @@ class Decision:
     """(slice id, finalizers removed, reason) of each hold that ends."""
     recorded: list[str]
     """Slice ids whose ``leavingSince`` is recorded now."""
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    """The holder labels to set (None: remove) so that they name exactly the holders of the
+    new annotation (:func:`vwserver.holds.holder_label_changes`): written with it, and also
+    alone — a label missing from an entry written before the labels existed, or removed in kcp,
+    is repaired."""
 
 
 def decide(
@@ -152,7 +176,8 @@ def decide(
     new_finalizers = [f for f in present if f not in removed] if removed else None
     value = render_holds(holds)
     holds_changed = value != render_holds(recorded)  # as written, whatever its spacing
-    if not holds_changed and new_finalizers is None and release is None:
+    label_changes = holder_label_changes(labels, value)
+    if not holds_changed and new_finalizers is None and release is None and not label_changes:
         return None
     return Decision(
         finalizers=new_finalizers,
@@ -160,6 +185,7 @@ def decide(
         remove_release=release is not None,
         ended=ended,
         recorded=started,
+        labels=label_changes,
     )
 
 
@@ -172,8 +198,11 @@ def _parse_time(text: str) -> datetime | None:
     return moment if moment.tzinfo is not None else None
 
 
-def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> list[Any]:
-    """The conditional JSON patch that carries out ``decision``."""
+def patch_for(
+    decision: Decision, *, resource_version: str, had_holds: bool, had_labels: bool = True
+) -> list[Any]:
+    """The conditional JSON patch that carries out ``decision`` (``had_labels``: the object
+    has a labels map)."""
     ops: list[Any] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
     ]
@@ -187,6 +216,16 @@ def patch_for(decision: Decision, *, resource_version: str, had_holds: bool) -> 
         ops.append({"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)})
     if decision.remove_release:
         ops.append({"op": "remove", "path": annotation_pointer(RELEASE_ANNOTATION)})
+    if not had_labels:
+        added = {k: v for k, v in decision.labels.items() if v is not None}
+        if added:
+            ops.append({"op": "add", "path": "/metadata/labels", "value": added})
+        return ops
+    for key, value in decision.labels.items():
+        if value is None:
+            ops.append({"op": "remove", "path": label_pointer(key)})
+        else:
+            ops.append({"op": "add", "path": label_pointer(key), "value": value})
     return ops
 
 
@@ -215,6 +254,9 @@ class Handoff:
         self._failed: dict[tuple[str, str, str, str], int] = {}
         """Objects whose last write failed, by (resource, key): the resourceVersion it was
         decided on, so that an object is retried only once it changed."""
+        self._unconfirmed: dict[tuple[str, str, str, str], tuple[Decision, Meta]] = {}
+        """Objects whose last write got no answer and could not be read back: the decision
+        and the version it was made on (the cache's next version tells)."""
 
     def wake(self) -> None:
         """Scan now: a read found an object leaving a slice whose move is not recorded yet (so
@@ -245,6 +287,20 @@ class Handoff:
                 waiter.cancel()
             await asyncio.gather(sleep, woken, return_exceptions=True)
 
+    async def keep(self, resources: Iterable[tuple[str, str]]) -> int:
+        """Run the shared resources ``(upstream, API path)`` that another worker of this server
+        runs, as if read now (started if need be, idle from now), so that this loop scans them;
+        only those of an upstream some route serves. How many were kept."""
+        served = self._routes.table.upstreams()
+        kept = 0
+        for upstream, api_path in resources:
+            if upstream.rstrip("/") not in served:
+                continue
+            resource = await self._registry.acquire(upstream=upstream, api_path=api_path)
+            self._registry.release(resource)
+            kept += 1
+        return kept
+
     def stuck(self, sid: str) -> StuckHolds | None:
         """The holds of slice ``sid`` that have been leaving for longer than ``stuck_after``,
         as of the last full scan (None: none)."""
@@ -265,8 +321,13 @@ class Handoff:
     async def scan(self, resource: SharedResource) -> None:
         """Carry out what every object of ``resource`` needs now."""
         now = self._clock.now()
+        unconfirmed = {k for k in self._unconfirmed if k[0] == resource.url}
         for entry in resource.store.snapshot():
             meta = entry.meta
+            if unconfirmed:
+                seen = (resource.url, *entry_key(entry))
+                unconfirmed.discard(seen)
+                self._confirm(seen, meta, resource)
             annotations = meta.annotations
             if HOLDS_ANNOTATION not in annotations and RELEASE_ANNOTATION not in annotations:
                 continue
@@ -286,6 +347,28 @@ class Handoff:
             if self._failed.get(key) == meta.resource_version:
                 continue
             await self._write(resource, entry, decision, key)
+        for key in unconfirmed:  # gone from the cache (deleted): its outcome stays unknown
+            self._unconfirmed.pop(key, None)
+
+    def _confirm(
+        self, key: tuple[str, str, str, str], meta: Meta, resource: SharedResource
+    ) -> None:
+        """An object whose last write got no answer and could not be read back either: once
+        the cache shows a newer version, that version says whether the write was made."""
+        waiting = self._unconfirmed.get(key)
+        if waiting is None or meta.resource_version == waiting[1].resource_version:
+            return
+        del self._unconfirmed[key]
+        decision, before = waiting
+        if _made(
+            decision,
+            before=before,
+            version=str(meta.resource_version),
+            annotations=meta.annotations,
+            labels=meta.labels,
+            finalizers=meta.finalizers,
+        ):
+            self._done(resource, before, decision)
 
     def _timeout_of(self, sid: str) -> float | None:
         cluster, _, name = sid.partition("/")
@@ -304,17 +387,47 @@ class Handoff:
             decision,
             resource_version=str(meta.resource_version),
             had_holds=HOLDS_ANNOTATION in meta.annotations,
+            had_labels=bool(meta.labels),  # "add" of the whole map also replaces an empty one
         )
         path = object_path(resource, cluster=meta.cluster, namespace=meta.namespace, name=meta.name)
+        client = self._registry.client
         try:
-            await self._registry.client.request("PATCH", path, body=ops, content_type=JSON_PATCH)
-        except (ApiError, UpstreamUnavailable) as e:
-            # A failed test (the object changed since it was scanned) answers 422; the next
-            # scan decides again on the new version.
+            await client.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        except ApiError as e:
+            # kcp refused it, nothing was written: a failed test (the object changed since it
+            # was scanned) answers 422; the next scan decides again on the new version.
             self._failed[key] = meta.resource_version
             log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
+            if self._metrics is not None:
+                self._metrics.handoff_writes.labels("failed").inc()
             return
+        except UpstreamUnavailable as e:
+            # No answer (a timeout, a connection lost): kcp may have carried the write out all
+            # the same. Its outcome is read back, so that an ended hold is counted (and logged)
+            # once it is — the next scan sees it ended and has nothing left to decide; when
+            # the read fails too, the cache's next version of the object says.
+            made = await self._read_back(client, path, decision, meta)
+            if not made:
+                self._failed[key] = meta.resource_version
+                if made is None:
+                    self._unconfirmed[key] = (decision, meta)
+                elif self._metrics is not None:
+                    self._metrics.handoff_writes.labels("failed").inc()
+                log.info("handoff write to %s/%s not made: %s", meta.namespace, meta.name, e)
+                return
+            log.info(
+                "handoff write to %s/%s got no answer (%s), but was made",
+                meta.namespace,
+                meta.name,
+                e,
+            )
         self._failed.pop(key, None)
+        self._done(resource, meta, decision)
+
+    def _done(self, resource: SharedResource, meta: Meta, decision: Decision) -> None:
+        """Log (and count) what a write that was made did."""
+        if self._metrics is not None:
+            self._metrics.handoff_writes.labels("made").inc()
         for sid in decision.recorded:
             log.info(
                 "object %s/%s (logical cluster %s) is leaving slice %s",
@@ -338,6 +451,64 @@ class Handoff:
             )
             if self._metrics is not None:
                 self._metrics.holds_ended.labels(reason).inc()
+
+    async def _read_back(
+        self, client: KubeClient, path: str, decision: Decision, meta: Meta
+    ) -> bool | None:
+        """Whether the object at ``path`` now shows ``decision`` carried out (its write's
+        answer was lost); None when that cannot be read either."""
+        try:
+            now = await client.get(path)
+        except (ApiError, UpstreamUnavailable) as e:
+            log.info("handoff: %s/%s not read back: %s", meta.namespace, meta.name, e)
+            return None
+        return now is not None and carried_out(decision, before=meta, after=now)
+
+
+def carried_out(decision: Decision, *, before: Meta, after: Mapping[str, Any]) -> bool:
+    """Whether object ``after`` (read back from kcp) is ``before`` with ``decision`` carried
+    out: a newer version in which every ended hold's entry and finalizers are gone, every
+    recorded leave is recorded, the release annotation is gone when it was to go, and the
+    holder labels are as decided (pure)."""
+    metadata = after.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    finalizers = metadata.get("finalizers") or ()
+    if not isinstance(annotations, dict) or not isinstance(labels, dict):
+        return False
+    return _made(
+        decision,
+        before=before,
+        version=str(metadata.get("resourceVersion") or ""),
+        annotations=annotations,
+        labels=labels,
+        finalizers=[f for f in finalizers if isinstance(f, str)],
+    )
+
+
+def _made(
+    decision: Decision,
+    *,
+    before: Meta,
+    version: str,
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    finalizers: Iterable[str],
+) -> bool:
+    if version in ("", str(before.resource_version)):
+        return False
+    present = set(finalizers)
+    holds = parse_holds(annotations.get(HOLDS_ANNOTATION))
+    for sid, removed, _reason in decision.ended:
+        if sid in holds or present.intersection(removed):
+            return False
+    if any(not (sid in holds and holds[sid].leavingSince) for sid in decision.recorded):
+        return False
+    if decision.remove_release and RELEASE_ANNOTATION in annotations:
+        return False
+    return all(labels.get(k) == v for k, v in decision.labels.items())
 
 
 def _labels_before(
@@ -365,3 +536,69 @@ def object_path(resource: SharedResource, *, cluster: str, namespace: str, name:
     prefix, _, plural = resource.api_path.rpartition("/")
     scope = f"/namespaces/{namespace}" if namespace else ""
     return f"{resource.upstream}/clusters/{cluster}{prefix}{scope}/{plural}/{name}"
+
+
+class HandoffRelay:
+    """A worker's part in the handoff when worker 0 is the server's one handoff writer (module
+    doc): every ``interval`` seconds, and at once when woken, ``send`` worker 0 the resources
+    this worker's cache runs and whether a read found an unrecorded move. ``send`` returns
+    False when worker 0 did not take the message (it is starting, or stopping): the next turn
+    sends again."""
+
+    def __init__(
+        self,
+        *,
+        registry: CacheRegistry,
+        send: Callable[[dict[str, Any]], Awaitable[bool]],
+        clock: Clock,
+        interval: float = 2.0,
+    ) -> None:
+        self._registry = registry
+        self._send = send
+        self._clock = clock
+        self._interval = interval
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """A read found an object leaving a slice whose move is not recorded yet."""
+        self._wake.set()
+
+    def message(self) -> dict[str, Any]:
+        woken = self._wake.is_set()
+        self._wake.clear()
+        running = sorted(
+            {(r.upstream, r.api_path) for r in self._registry.resources() if not r.stopped}
+        )
+        return {"resources": [list(r) for r in running], "wake": woken}
+
+    async def run(self) -> None:
+        while True:
+            await self._send(self.message())
+            await asyncio.sleep(_MIN_GAP)
+            sleep = asyncio.ensure_future(self._clock.sleep(self._interval))
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in (sleep, woken):
+                    waiter.cancel()
+                await asyncio.gather(sleep, woken, return_exceptions=True)
+
+
+def relayed(message: object, *, limit: int = 10_000) -> tuple[list[tuple[str, str]], bool]:
+    """A :class:`HandoffRelay` message as worker 0 reads it: (resources, wake); anything of
+    another shape is dropped (ValueError)."""
+    if not isinstance(message, dict):
+        raise ValueError("not an object")
+    resources = message.get("resources")
+    wake = message.get("wake")
+    if not isinstance(resources, list) or len(resources) > limit or not isinstance(wake, bool):
+        raise ValueError(f"resources must be a list of at most {limit}, wake a boolean")
+    out: list[tuple[str, str]] = []
+    for item in resources:
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise ValueError("each resource is [upstream, API path]")
+        out.append((item[0], item[1]))
+    return out, wake

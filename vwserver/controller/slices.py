@@ -145,11 +145,17 @@ class SliceController:
         upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
         upstream_check: float = 5.0,
         tenant_client: KubeClient | None = None,
+        writes_status: bool = True,
     ) -> None:
         """``client``: vwserver's identity for the slices' watch, the exports' watches, status
         writes and every request for slices in their export's own workspace;
         ``tenant_client``: the same identity through another, smaller connection pool, for the
-        requests made for every other slice (default: ``client``)."""
+        requests made for every other slice (default: ``client``). ``writes_status=False``:
+        keep the route table only, never write a slice's status (a worker beside the one that
+        writes, :mod:`vwserver.workers`; ``leader`` must then be None)."""
+        if leader is not None and not writes_status:
+            raise ValueError("a controller that writes no status cannot stand for the Lease")
+        self._writes_status = writes_status
         self._stuck_holds = stuck_holds
         self._upstream_watches = upstream_watches
         self._upstream_check = upstream_check
@@ -615,6 +621,8 @@ class SliceController:
         return review_allows(status), ""
 
     def _may_write_status(self) -> bool:
+        if not self._writes_status:
+            return False
         return self._leader is None or self._leader.is_leader
 
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
@@ -623,6 +631,7 @@ class SliceController:
         await self._client_for(key).merge_patch(
             kcp.SLICES.item(base, None, name, subresource="status"), {"status": status}
         )
+        self._metrics.status_writes.inc()
 
     def _publish(self) -> None:
         """Static routes plus every known slice, swapped in as one new table."""

@@ -55,14 +55,42 @@ log = logging.getLogger(__name__)
 
 # How long a request waits for the cache before the pass-through path answers it instead: the
 # first sync of a shared resource, or a read that must be at least as new as a resourceVersion
-# the cache has not reached. kcp's resourceVersions count every write of the shard, so kcp's
-# current one moves with writes to other resources too, and the cache learns that it has
-# "caught up" with them only from kcp's bookmarks (about one a minute). The apiserver's own
-# cache asks etcd for a progress notification instead; a client of kcp cannot. So the wait
-# covers only this resource's events in flight; beyond that kcp answers (correct, just not
-# faster).
+# the cache has not reached.
+#
+# A consistent read (no resourceVersion) must not miss a write that completed before it
+# started. What can prove that of the cache — verified on kcp v0.32.3's APIExport VW
+# (tests/e2e/test_consistent_list_kcp.py; figures from the loaded 2-core test machine):
+#
+# * kcp's current resourceVersion X is at least that of every write completed before it is
+#   asked for, to any resource: a one-item LIST (``limit=1``, 4-7 ms at 10k objects when kcp's
+#   cache is current; the cheapest) or a watch-list (``sendInitialEvents=true``,
+#   ``resourceVersionMatch=NotOlderThan``) whose selector matches nothing, which sends only the
+#   ``k8s.io/initial-events-end`` BOOKMARK at X (7-13 ms, and it costs a connection: the
+#   stream must be cut); a LIST whose selector matches nothing, 10-17 ms (kcp filters every
+#   object). Right after a write to another resource every one of them may wait ~90 ms for
+#   kcp's own cache to catch up (a direct consistent LIST waits as long).
+# * X counts every write of the shard (etcd's revision): other resources and workspaces move
+#   it without an event on this resource's stream, which then reaches X only with its next
+#   event or kcp's bookmark (about once a minute; none before a watch's deadline; an idle kcp
+#   writes something of its own about every 10 s).
+# * Two watches are not ordered with each other: a watch-list's bookmark at X arrived BEFORE
+#   another watch of the same resource had delivered its events <= X in 2-35% of probes under
+#   concurrent writes (35% at 1.5k objects, 2% at 10k, where the probe itself takes longer;
+#   the events followed 0.5-12 ms later). "kcp is at X" says nothing about where the
+#   reflector's stream is. (scripts/kcp/freshness_signals.py measures this and the costs.)
+# * A watch from an older resourceVersion replays this resource's events since then at once,
+#   but nothing marks the end of the replay (no bookmark follows it); a watch-list with a
+#   resourceVersion sends the matching *state*, not the changes, before its bookmark. Proofs
+#   on a stream of their own therefore cost the whole matching state: a full list.
+#
+# So the proof that costs no upstream list is on the reflector's own stream (one stream is
+# ordered): an event or bookmark at X or beyond means it delivered every change of this
+# resource up to X. The wait covers this resource's events in flight after X was read (a
+# client's own write just before its read); when it ends unproven, kcp answers (correct, just
+# not faster). A write to this resource after every other write of the shard — kubectl apply
+# then get, a busy resource — proves it within milliseconds.
 SYNC_WAIT: Final = 10.0
-FRESHNESS_WAIT: Final = 0.05
+FRESHNESS_WAIT: Final = 0.02
 QUEUE_SIZE: Final = 1024
 """Changes a watch may fall behind before it is ended (the client re-watches)."""
 _WRITE_BATCH: Final = 256
@@ -178,6 +206,11 @@ async def ready(
         raise Fallback(f"cache of {ctx.api.resource} not synced: {resource.last_error}")
     loop = asyncio.get_running_loop()
     if consistency is Consistency.CONSISTENT:
+        if resource.behind_upstream and not watch:
+            # An earlier consistent read found kcp ahead of the stream, and nothing has
+            # arrived on the stream since: kcp's resourceVersion now is that one or newer, so
+            # this read could not be proven either. kcp answers it, without the freshness read.
+            raise Fallback(f"cache of {ctx.api.resource} behind kcp")
         rv = await _upstream_resource_version(ctx)
         started = loop.time()
     # ANY needs nothing more; the others need the cache at ``rv`` at least (an exact read at a
@@ -188,6 +221,8 @@ async def ready(
         and not await resource.wait_for(rv, timeout=FRESHNESS_WAIT)
         and not watch
     ):
+        if consistency is Consistency.CONSISTENT:
+            resource.upstream_at(rv)
         raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
     if consistency is Consistency.CONSISTENT:
         ctx.metrics.cache_freshness_wait.observe(loop.time() - started)
@@ -195,7 +230,8 @@ async def ready(
 
 async def _upstream_resource_version(ctx: ProxyRequest) -> int:
     """The upstream's current resourceVersion, read with a one-item LIST across every logical
-    cluster (kcp's resourceVersions are the shard's etcd revisions: one counter for all)."""
+    cluster (kcp's resourceVersions are the shard's etcd revisions: one counter for all) — the
+    cheapest consistent answer kcp gives (see FRESHNESS_WAIT)."""
     url = f"{ctx.upstream_base}/clusters/*{api_path(ctx)}"
     async with ctx.upstream.request(
         "GET", url, query=[("limit", "1")], headers=ctx.upstream_headers()

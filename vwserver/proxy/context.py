@@ -13,7 +13,15 @@ from multidict import CIMultiDict
 
 from vwserver.cache.views import NAME, NAMESPACE, parse_field_selector
 from vwserver.errors import BadGateway, BadRequest, SelectorError
-from vwserver.holds import Member, Peers, leaving_safe, leaving_since, sees, slice_id
+from vwserver.holds import (
+    Member,
+    Peers,
+    holder_label,
+    leaving_safe,
+    leaving_since,
+    sees,
+    slice_id,
+)
 from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
@@ -258,6 +266,11 @@ class ProxyRequest:
         proxy matches the whole selector itself."""
         return leaving_safe(self.client_selector(), slice_selector=self.route.selector)
 
+    def held_selector(self) -> Selector:
+        """What kcp is asked with for the objects this slice holds: its holder label
+        (:func:`vwserver.holds.holder_label`) and the client's :meth:`leaving_safe_selector`."""
+        return Selector.parse(holder_label(self.member.id)) & self.leaving_safe_selector()
+
     @property
     def strip_objects(self) -> bool:
         """A Table without embedded objects was asked for: the proxy fetches rows with their
@@ -272,13 +285,10 @@ class ProxyRequest:
         drop: Iterable[str] = (),
         extra: Iterable[tuple[str, str]] = (),
         push_selector: bool = True,
-        with_slice: bool = True,
     ) -> list[tuple[str, str]]:
         """The checked query with the effective selector pushed down (reads and
-        deletecollection; not for apibindings, which are no slice's) — only the client's own
-        when not
-        ``with_slice`` (:meth:`leaving_safe_selector`) — and what the proxy must see of each
-        object made sure of."""
+        deletecollection; not for apibindings, which are no slice's) and what the proxy must
+        see of each object made sure of."""
         dropped = {"labelSelector", *drop} if push_selector else set(drop)
         api = self.api
         if api.verb is Verb.GET:
@@ -287,8 +297,7 @@ class ProxyRequest:
             dropped.add("includeObject")
         out = self.options.without(*dropped)
         if push_selector and api.verb in (Verb.LIST, Verb.WATCH, Verb.DELETECOLLECTION):
-            pushed = self.effective_selector() if with_slice else self.leaving_safe_selector()
-            rendered = pushed.render()
+            rendered = self.effective_selector().render()
             if rendered:
                 out.append(("labelSelector", rendered))
         if api.verb is Verb.WATCH and "watch" not in self.options:

@@ -7,8 +7,10 @@ the finalizers, so that kcp alone records which slice holds what:
 * a finalizer another slice holds can be removed while that slice still sees the object as a
   member (its entry loses the finalizer in the same write), never while the object is leaving
   that slice (422, naming the finalizer and the slice; :func:`vwserver.holds.guards`);
-* no client writes the holds or the release annotation through a slice: a PUT gets the
-  proxy's value put back; a patch whose result would change either is refused (422);
+* no client writes the holds or the release annotation, or a holder label
+  (:func:`vwserver.holds.holder_label`: one per slice with an entry, what a pass-through LIST
+  asks kcp for), through a slice: a PUT gets the proxy's values put back; a create or a patch
+  whose result would change any of them is refused (422);
 * the annotation goes in as part of the write itself — a member of a merge, strategic or
   apply patch, or a last operation of a JSON patch — under the same resourceVersion
   precondition as the rest of the write, so it is never half applied. For server-side apply
@@ -25,6 +27,7 @@ own conditional JSON patch. Anything else is 409 Conflict: the object is leaving
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -39,6 +42,8 @@ from vwserver.holds import (
     WritePlan,
     annotation_pointer,
     as_leaving,
+    is_holder_label,
+    label_pointer,
     plan_write,
     releasable,
 )
@@ -88,6 +93,60 @@ def _annotations_written(ctx: ProxyRequest) -> Invalid:
     )
 
 
+def _holder_labels_written(ctx: ProxyRequest, keys: list[str]) -> Invalid:
+    return Invalid(
+        "metadata.labels: the holder labels (holder.sync.edge-connect.eu/…) are written only "
+        "by vwserver; a write through a slice cannot set or change them",
+        details={
+            "name": ctx.api.name,
+            "causes": [
+                {
+                    "reason": "FieldValueForbidden",
+                    "message": "written only by vwserver",
+                    "field": f"metadata.labels[{key}]",
+                }
+                for key in sorted(keys)
+            ],
+        },
+    )
+
+
+def _holder_only(labels: Any) -> dict[str, Any]:
+    return (
+        {k: v for k, v in labels.items() if is_holder_label(k)} if isinstance(labels, dict) else {}
+    )
+
+
+def _set_labels(meta: dict[str, Any], changes: Mapping[str, str | None]) -> None:
+    """``meta``'s labels with the planned holder-label changes made (None: removed)."""
+    if not changes:
+        return
+    labels = meta.get("labels")
+    labels = dict(labels) if isinstance(labels, dict) else {}
+    for key, value in changes.items():
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+    meta["labels"] = labels
+
+
+def _label_ops(changes: Mapping[str, str | None], *, has_labels: bool) -> list[dict[str, Any]]:
+    """JSON-patch operations making the planned holder-label changes, on an object that has
+    (``has_labels``) a labels map or not."""
+    if not changes:
+        return []
+    if not has_labels:
+        added = {k: v for k, v in changes.items() if v is not None}
+        return [{"op": "add", "path": "/metadata/labels", "value": added}] if added else []
+    return [
+        {"op": "remove", "path": label_pointer(k)}
+        if v is None
+        else {"op": "add", "path": label_pointer(k), "value": v}
+        for k, v in changes.items()
+    ]
+
+
 def _finalizers(meta: dict[str, Any]) -> list[str]:
     value = meta.get("finalizers")
     return [f for f in value if isinstance(f, str)] if isinstance(value, list) else []
@@ -122,6 +181,8 @@ def prepare_create(ctx: ProxyRequest, body: dict[str, Any]) -> None:
     annotations = meta.get("annotations")
     if isinstance(annotations, dict) and PROXY_ANNOTATIONS.intersection(annotations):
         raise _annotations_written(ctx)
+    if forged := _holder_only(meta.get("labels")):
+        raise _holder_labels_written(ctx, list(forged))
     plan = plan_write(
         ctx.member,
         stored_labels=None,
@@ -133,6 +194,7 @@ def prepare_create(ctx: ProxyRequest, body: dict[str, Any]) -> None:
     )
     if plan.annotation is not None:
         _set_annotation(meta, HOLDS_ANNOTATION, plan.annotation)
+    _set_labels(meta, plan.labels)
 
 
 def prepare_update(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> dict[str, Any]:
@@ -151,6 +213,7 @@ def prepare_update(ctx: ProxyRequest, body: dict[str, Any], stored: Stored) -> d
         record=ctx.records_holds,
     )
     _set_annotation(meta, HOLDS_ANNOTATION, plan.annotation)
+    _set_labels(meta, plan.labels)  # the holder labels as they must be, whatever was sent
     release = (stored_meta.annotations or {}).get(RELEASE_ANNOTATION)
     _set_annotation(meta, RELEASE_ANNOTATION, release)
     if not meta["annotations"]:
@@ -172,6 +235,11 @@ def plan_patch(ctx: ProxyRequest, stored: Stored | None, result: bytes) -> Write
     for key in PROXY_ANNOTATIONS:
         if stored_annotations.get(key) != result_annotations.get(key):
             raise _annotations_written(ctx)
+    stored_holders = _holder_only(before.labels if before is not None else None)
+    result_holders = _holder_only(after.labels)
+    if stored_holders != result_holders:
+        changed = set(stored_holders.items()) ^ set(result_holders.items())
+        raise _holder_labels_written(ctx, list({k for k, _ in changed}))
     return plan_write(
         ctx.member,
         stored_labels=before.labels if before is not None else None,
@@ -189,14 +257,22 @@ def keep_holds(apply: dict[str, Any] | list[Any], stored: Stored) -> dict[str, A
     slice, :func:`with_holds`) owns it, and an apply that leaves out a field its manager owns
     removes it: the dry run would then show the holds gone."""
     value = (stored.metadata.annotations or {}).get(HOLDS_ANNOTATION)
-    if value is None or not isinstance(apply, dict):
+    holders = _holder_only(stored.metadata.labels)
+    if (value is None and not holders) or not isinstance(apply, dict):
         return apply
     meta = apply.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
-    annotations = meta.get("annotations")
-    annotations = dict(annotations) if isinstance(annotations, dict) else {}
-    annotations.setdefault(HOLDS_ANNOTATION, value)
-    meta["annotations"] = annotations
+    if value is not None:
+        annotations = meta.get("annotations")
+        annotations = dict(annotations) if isinstance(annotations, dict) else {}
+        annotations.setdefault(HOLDS_ANNOTATION, value)
+        meta["annotations"] = annotations
+    if holders:  # the holder labels likewise
+        labels = meta.get("labels")
+        labels = dict(labels) if isinstance(labels, dict) else {}
+        for key, label in holders.items():
+            labels.setdefault(key, label)
+        meta["labels"] = labels
     return {**apply, "metadata": meta}
 
 
@@ -205,30 +281,45 @@ def with_holds(
 ) -> dict[str, Any] | list[Any]:
     """``patch`` (already conditional on the checked resourceVersion) that also writes the
     planned holds annotation."""
-    if not plan.changed:
+    if not plan.changes:
         return patch
-    if isinstance(patch, list):  # JSON patch: one more operation, after the client's
-        has_annotations = decode_head(result).metadata.annotations is not None
-        if plan.annotation is None:
-            return [*patch, {"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)}]
-        if not has_annotations:
+    if isinstance(patch, list):  # JSON patch: more operations, after the client's
+        result_meta = decode_head(result).metadata
+        ops = list(patch)
+        if not plan.changed:
+            pass
+        elif plan.annotation is None:
+            ops.append({"op": "remove", "path": annotation_pointer(HOLDS_ANNOTATION)})
+        elif result_meta.annotations is None:
             value: Any = {HOLDS_ANNOTATION: plan.annotation}
-            return [*patch, {"op": "add", "path": "/metadata/annotations", "value": value}]
-        op = {"op": "add", "path": annotation_pointer(HOLDS_ANNOTATION), "value": plan.annotation}
-        return [*patch, op]
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": value})
+        else:
+            path = annotation_pointer(HOLDS_ANNOTATION)
+            ops.append({"op": "add", "path": path, "value": plan.annotation})
+        return ops + _label_ops(plan.labels, has_labels=result_meta.labels is not None)
     meta = patch.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
-    annotations = meta.get("annotations")
-    annotations = dict(annotations) if isinstance(annotations, dict) else {}
-    if plan.annotation is None and content_type == APPLY_PATCH:
-        # An apply removes what its manager no longer configures: leaving it out drops ours
-        # when this manager alone set it (an entry left behind holds nothing: holds count
-        # only finalizers still on the object).
-        annotations.pop(HOLDS_ANNOTATION, None)
-    else:
-        # In a merge or strategic merge patch, null deletes the member.
-        annotations[HOLDS_ANNOTATION] = plan.annotation
-    meta["annotations"] = annotations
+    if plan.changed:
+        annotations = meta.get("annotations")
+        annotations = dict(annotations) if isinstance(annotations, dict) else {}
+        if plan.annotation is None and content_type == APPLY_PATCH:
+            # An apply removes what its manager no longer configures: leaving it out drops ours
+            # when this manager alone set it (an entry left behind holds nothing: holds count
+            # only finalizers still on the object).
+            annotations.pop(HOLDS_ANNOTATION, None)
+        else:
+            # In a merge or strategic merge patch, null deletes the member.
+            annotations[HOLDS_ANNOTATION] = plan.annotation
+        meta["annotations"] = annotations
+    if plan.labels:
+        labels = meta.get("labels")
+        labels = dict(labels) if isinstance(labels, dict) else {}
+        for key, label in plan.labels.items():
+            if label is None and content_type == APPLY_PATCH:
+                labels.pop(key, None)  # as the annotation: left out of the configuration
+            else:
+                labels[key] = label  # null deletes it in a merge patch
+        meta["labels"] = labels
     return {**patch, "metadata": meta}
 
 
@@ -257,6 +348,11 @@ def _normalized(doc: Any) -> Any:
             meta["annotations"] = annotations or None
         if not meta.get("annotations"):
             meta.pop("annotations", None)
+        labels = meta.get("labels")
+        if isinstance(labels, dict):
+            meta["labels"] = {k: v for k, v in labels.items() if not is_holder_label(k)} or None
+        if not meta.get("labels"):
+            meta.pop("labels", None)
         doc = {**doc, "metadata": meta}
     return doc
 
@@ -301,7 +397,7 @@ def release_patch(ctx: ProxyRequest, stored: Stored, result: bytes) -> list[dict
                 "value": plan.annotation,
             }
         )
-    return ops
+    return ops + _label_ops(plan.labels, has_labels=stored_meta.labels is not None)
 
 
 async def serve_leaving(

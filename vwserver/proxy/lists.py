@@ -1,35 +1,47 @@
-"""Filtered LIST: paged upstream, streamed out, every item checked.
+"""Filtered LIST: paged upstream, streamed out, every item checked — kcp always asked with a
+selector that names the slice.
 
-Memory is bounded by one upstream page, never by the size of the list:
+What a slice sees is "matches the slice's selector (and no other slice that holds the object
+is letting go of it), or held by the slice" (:func:`vwserver.holds.sees`). kcp can be asked for
+both halves with label selectors, so a LIST is at most two selector-filtered upstream lists,
+merged (:class:`_Stream`):
 
-* a client that pages itself (``limit``/``continue``, as kubectl and client-go's pager do) gets
-  exactly one upstream request per request, with its own limit and token, and the combined
-  selector pushed down — the upstream's continue token stays valid because every page of that
-  list carries the same selector;
-* a client that asks for everything is served by the proxy paging upstream — ``listPageSize``
-  first, then pages that double, bounded in objects and bytes (:func:`next_page_size`: kcp's
-  cost grows with the number of pages) — and writing each page's matching items as soon as it
-  has them, while the next page is read. The response is one list; its resourceVersion is the
-  first page's, which is the snapshot every page is read at.
+* **selected**: the slice's selector AND the client's ``labelSelector``;
+* **held** (only for a slice that records holds): the slice's holder label
+  (:func:`vwserver.holds.holder_label`, written with every hold) AND the client's requirements on
+  the keys the slice's selector does not name (a leaving object is matched by the labels it had
+  before it left, :func:`vwserver.holds.client_labels`; the whole client selector is applied
+  here). An entry that also matches the *selected* query is that stream's, so each object is
+  shown once.
 
-A slice that records holds cannot push its own selector down (an object it holds is in it
-whatever its labels), so kcp's pages may hold little or nothing it sees. A client page is then
-filled from further upstream pages, with bounded work (:func:`_fill`): after the client's own
-page, the proxy asks for pages of at least ``listPageSize`` (never just the missing count, which
-made ``limit=1`` cost one LIST per object kcp had to skip), and once the client's page holds an
-entry it reads at most :data:`FILL_ROUNDS` pages in all, then answers with what it found — a
-short page with a continue token, which the Kubernetes list contract allows and every pager
-follows. The continue token is always kcp's own, from right after the last entry the client
-got: kcp's tokens name the key of the entry they follow, and one after an object the slice does
-not see would tell the client that it exists. So a client page never ends on such an object:
-where it ends inside an upstream page, the proxy reads that page again up to there (the same
-continue token with that count as the limit — a continue token reads the snapshot it was issued
-at, so the same entries in the same order; the list's first page at its resourceVersion,
-exactly) and hands out that read's token. And a page is never empty unless the list ended: up to
-its first entry the proxy reads on, ``listPageSize`` objects per upstream page, which costs kcp
-what listing those objects costs (as the apiserver fills a selector-filtered page). The proxy
-mints no tokens of its own, so there is nothing a client could forge to make it skip or repeat
-entries.
+Both are read at one resourceVersion (the held stream's first page with ``resourceVersionMatch=
+Exact`` at the selected page's, later pages with continue tokens, which carry it) and merged in
+kcp's key order — the bytes of ``<cluster>/<namespace>/<name>`` (kcp v0.32.3: its continue
+tokens name ``/<cluster>/<namespace>/<name>`` on ``clusters/*``, and ``ns1-x`` sorts before
+``ns1``). Every entry is checked again (membership, the client's selector, the request's scope).
+
+One continue token serves both streams. kcp's continue token is ``{rv, start: <the key it
+follows>}`` with no trace of the selector it was issued for: a token issued after entry K on
+one stream resumes the other after K too (verified on kcp v0.32.3). So the token the client gets
+is kcp's own, from right after the last entry the client got — never after an entry it did not
+get, which would name an object the slice may not see — wrapped (for a slice that records holds)
+with which streams go on (``vwlist/1``; a malformed one is the apiserver's 400). Where the page
+ends inside an upstream page, that page is read again up to there (the same start, that count as
+the limit: a continue token reads the snapshot it was issued at, a first page is read again at
+its resourceVersion exactly) for kcp's token after it; kcp gives one whenever any key follows,
+whatever the selector (etcd's ``hasMore``, verified: a ``limit=2`` list whose second match is
+followed by a non-matching object carries a token, one whose second match is the last object
+does not). A page is empty only at the end of the list.
+
+Work is bounded: a client page (``limit``) costs the first page of each stream with the client's
+limit, then — only when entries the slice does not see (an object another slice is letting go
+of, a stray holder label) leave it short — further pages of at least ``listPageSize``; once the
+page holds an entry, :data:`FILL_ROUNDS` reads in all plus the second stream's first page (then
+a short page with a token, which the list contract allows), and the one re-read:
+:data:`MAX_UPSTREAM_PAGES`. A client that
+pages nothing is served by paging each stream — ``listPageSize`` first, then pages that double,
+bounded in objects and bytes (:func:`next_page_size`: kcp's cost grows with the number of
+pages) — and writing the merged entries as they come (memory: two pages per stream).
 
 Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
 went out, the connection is aborted rather than closed cleanly, so the client sees a broken
@@ -39,11 +51,14 @@ response, never a short list that looks complete.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import bisect
 import contextlib
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import msgspec
@@ -51,7 +66,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver import metrics as m
-from vwserver.errors import BadGateway, UpstreamUnavailable
+from vwserver.cache.views import NAMESPACE, FieldSelector, parse_field_selector
+from vwserver.errors import BadGateway, BadRequest, UpstreamUnavailable
+from vwserver.k8s.kcp import CLUSTER_ANNOTATION
+from vwserver.k8s.types import ObjectMeta
 from vwserver.proxy import yamlout
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
@@ -61,6 +79,7 @@ from vwserver.proxy.filtering import (
     decode_page,
     list_fields,
     list_header,
+    shows,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -75,54 +94,288 @@ from vwserver.selector import Selector
 log = logging.getLogger(__name__)
 
 FILL_ROUNDS: Final = 3
-"""Upstream pages read at most for one client page of a slice that records holds, once it holds
-an entry: the client's own limit first, then pages of at least the page size."""
+"""Upstream pages read at most for one client page once it holds an entry, the first page among
+them (a second stream adds its own first page)."""
+MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 2
+"""Upstream LISTs one client page of a slice that records holds costs at most, beyond pages of
+objects the slice does not see before its first entry: the held stream's first page, the fill
+rounds (the selected stream's first page among them), and one re-read of the beginning of the
+upstream page the client's page ends in (for kcp's continue token after its last entry)."""
+
 PAGE_BYTES: Final = 4 * 2**20
 """Bytes an upstream page of a LIST the proxy pages itself may grow to (at the bytes per object
-of the page before): at most two pages are held at once (one written, the next read)."""
+of the page before): at most two pages per stream are held at once (one written, the next read)."""
 MAX_PAGE: Final = 10_000
 """Objects per upstream page at most, however small they are (the decoded metadata of a page
 is held too)."""
-MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 1
-"""Upstream LISTs one client page costs at most, beyond the pages of objects the slice does not
-see before its first entry: the fill rounds, and one re-read of the beginning of the upstream
-page the client's page ends in (for kcp's continue token after its last entry)."""
+
+SELECTED: Final = "selected"
+HELD: Final = "held"
+_CONTINUE_VERSION: Final = "vwlist/1"
+_AT: Final = ("resourceVersion", "resourceVersionMatch", "limit", "continue")
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a client's continue token resumes: after the entry kcp's ``token`` follows, in
+    the ``streams`` that go on."""
+
+    token: str
+    streams: tuple[str, ...] = (SELECTED, HELD)
+
+
+def encode_continue(token: str, streams: Sequence[str]) -> str:
+    """The client's continue token: kcp's ``token`` and the streams that go on."""
+    doc = {"v": _CONTINUE_VERSION, "c": token, "s": list(streams)}
+    return base64.urlsafe_b64encode(msgspec.json.encode(doc)).decode().rstrip("=")
+
+
+def decode_continue(text: str) -> Resume:
+    """A continue token of :func:`encode_continue`'s, or kcp's own (both streams go on, kcp
+    checks it); the apiserver's 400 for one of ours that is damaged."""
+    try:
+        doc = msgspec.json.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, ValueError, msgspec.DecodeError):
+        return Resume(text)
+    if not isinstance(doc, dict) or doc.get("v") != _CONTINUE_VERSION:
+        return Resume(text)
+    token, streams = doc.get("c"), doc.get("s")
+    if (
+        not isinstance(token, str)
+        or not token
+        or not isinstance(streams, list)
+        or not streams
+        or any(s not in (SELECTED, HELD) for s in streams)
+        or len(set(streams)) != len(streams)
+    ):
+        raise BadRequest("continue key is not valid: malformed")
+    return Resume(token, tuple(s for s in (SELECTED, HELD) if s in streams))
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One upstream page the proxy read, and the continue token it was read with ("": a
+    stream's first page, read at ``page.resource_version``)."""
+
+    page: Page
+    start: str
+
+
+def _labels(meta: ObjectMeta | None) -> dict[str, str] | None:
+    return meta.labels if meta is not None else None
+
+
+def _key(meta: ObjectMeta | None, previous: str) -> str:
+    """An entry's place in kcp's order: ``<cluster>/<namespace>/<name>``, compared as bytes
+    (etcd's key order); an entry without metadata (never shown) goes with the one before it."""
+    if meta is None:
+        return previous
+    cluster = (meta.annotations or {}).get(CLUSTER_ANNOTATION, "")
+    return f"{cluster}/{meta.namespace}/{meta.name}" if meta.namespace else f"{cluster}/{meta.name}"
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One selector-filtered upstream list being read: its current page, how far it was
+    consumed, and which of its entries the client gets."""
+
+    kind: str
+    later: list[tuple[str, str]]
+    """The query of its later pages, without resourceVersion(Match), limit and continue."""
+    read: _Read
+    shown_index: list[int] = field(default_factory=list)
+    shown: list[bytes | msgspec.Raw] = field(default_factory=list)
+    keys: list[str] | None = None
+    pos: int = 0
+    reads: int = 1
+    following: asyncio.Future[Page] | None = None
+
+    @property
+    def page(self) -> Page:
+        return self.read.page
+
+    @property
+    def exhausted(self) -> bool:
+        """Every entry of the current page is consumed."""
+        return self.pos >= len(self.read.page.entries)
+
+    @property
+    def more(self) -> bool:
+        """kcp has a page after the current one."""
+        return bool(self.read.page.continue_token)
+
+    @property
+    def goes_on(self) -> bool:
+        """Something the client may get is still ahead (on this page, or maybe after it)."""
+        return self.more or (bool(self.shown_index) and self.shown_index[-1] >= self.pos)
+
+    def key(self, index: int) -> str:
+        if self.keys is None:
+            keys: list[str] = []
+            previous = ""
+            for meta in self.read.page.metas:
+                previous = _key(meta, previous)
+                keys.append(previous)
+            self.keys = keys
+        return self.keys[index]
+
+    def take(
+        self, end: int, *, at_most: int | None = None
+    ) -> tuple[list[bytes | msgspec.Raw], int]:
+        """The shown entries among the next ones up to ``end`` (at most ``at_most`` of them:
+        the run then ends after the last one), consumed; and the index of the last one (-1:
+        none)."""
+        lo = bisect.bisect_left(self.shown_index, self.pos)
+        hi = bisect.bisect_left(self.shown_index, end)
+        if at_most is not None and hi - lo > at_most:
+            hi = lo + at_most
+            end = self.shown_index[hi - 1] + 1
+        self.pos = end
+        if hi == lo:
+            return [], -1
+        return self.shown[lo:hi], self.shown_index[hi - 1]
+
+
+class _Lister:
+    """The streams of one LIST request and how their pages are read and shown."""
+
+    def __init__(
+        self, ctx: ProxyRequest, url: str, headers: CIMultiDict[str], *, client: Selector
+    ) -> None:
+        self.ctx = ctx
+        self.url = url
+        self.headers = headers
+        self.client = client
+        self.selected = ctx.effective_selector()
+
+    def stream(self, kind: str, later: list[tuple[str, str]], read: _Read) -> _Stream:
+        st = _Stream(kind=kind, later=later, read=read)
+        self.load(st, read)
+        return st
+
+    def load(self, st: _Stream, read: _Read) -> None:
+        """Make ``read`` the stream's current page: which entries the client gets — what the
+        slice sees and the client's selector takes; of the held stream only those the selected
+        stream does not have."""
+        page = read.page
+        member = self.ctx.member
+        if self.ctx.records_holds:
+            shown = page.indexed_members(member, self.client)
+        else:
+            # A slice that records no holds sees an object by its selector (and the holds of
+            # others): the plain check, as for a watch kcp answers.
+            shown = [
+                (i, e)
+                for i, (e, meta) in enumerate(zip(page.entries, page.metas, strict=True))
+                if meta is not None and shows(self.selected, member, meta)
+            ]
+        if st.kind == HELD:
+            metas, selected = page.metas, self.selected.matches
+            shown = [(i, e) for i, e in shown if not selected(_labels(metas[i]))]
+        st.read, st.pos, st.keys = read, 0, None
+        st.shown_index = [i for i, _ in shown]
+        st.shown = [e for _, e in shown]
+
+    async def advance(self, st: _Stream, *, size: int) -> None:
+        """The stream's next page (``size`` entries at most)."""
+        start = st.page.continue_token
+        asked = [*st.later, ("limit", str(size)), ("continue", start)]
+        self.load(st, _Read(await _fetch(self.ctx, self.url, asked, self.headers), start))
+        st.reads += 1
+
+    async def token_after(self, st: _Stream, index: int) -> str:
+        """kcp's continue token right after entry ``index`` of ``st``'s current page: the
+        page's own when it is its last entry, else that page read again up to it — a continue
+        token reads the snapshot it was issued at, a first page is read again at its
+        resourceVersion exactly — and checked to be the same, else the token would skip or
+        repeat entries, and the request fails."""
+        read = st.read
+        count = index + 1
+        if count == len(read.page.entries) and read.page.continue_token:
+            return read.page.continue_token
+        if read.start:
+            at = [("continue", read.start)]
+        else:
+            at = [
+                ("resourceVersion", read.page.resource_version),
+                ("resourceVersionMatch", "Exact"),
+            ]
+        asked = [*st.later, ("limit", str(count)), *at]
+        again = await _fetch(self.ctx, self.url, asked, self.headers)
+        if (
+            len(again.entries) != count
+            or not again.continue_token
+            or _identity(again, count - 1) != _identity(read.page, count - 1)
+        ):
+            raise BadGateway("upstream answered a list page differently when it was read again")
+        return again.continue_token
+
+
+def _next_run(streams: Sequence[_Stream]) -> tuple[_Stream, int] | None:
+    """The stream whose next entry comes first in kcp's order, and where its run ends: before
+    its first entry after the other streams' next ones (None: every page is consumed)."""
+    live = [st for st in streams if not st.exhausted]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0], len(live[0].page.entries)
+    first = min(live, key=lambda st: st.key(st.pos))
+    bound = min(st.key(st.pos) for st in live if st is not first)
+    assert first.keys is not None
+    return first, bisect.bisect_right(first.keys, bound, lo=first.pos)
 
 
 async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
-    selector = ctx.effective_selector()
+    ctx.effective_selector()  # 400 for a malformed labelSelector, before kcp is asked
+    client = ctx.client_selector()
     headers = ctx.upstream_headers()
-    client_pages = "limit" in ctx.options or "continue" in ctx.options
+    options = ctx.options
+    token = options.get("continue") or ""
+    resume = decode_continue(token) if token else None
+    rv = options.get("resourceVersion")
+    match = options.get("resourceVersionMatch")
+    limit = int(options.get("limit") or 0)
+    if rv == "0" and match != "Exact" and not resume:
+        limit = 0  # the apiserver ignores a limit at resourceVersion=0: the whole list
     extra: list[tuple[str, str]] = []
-    if not client_pages:
+    if not limit:
         extra.append(("limit", str(ctx.page_size)))
-        if ctx.options.get("resourceVersion") not in (None, "", "0") and not ctx.options.get(
-            "resourceVersionMatch"
-        ):
+        if rv not in (None, "", "0") and not match:
             # resourceVersion=N without a limit means "not older than N"; with the limit the
             # proxy adds it would mean "exactly N" (the apiserver's legacy paging rule): an
             # informer relisting at N after a 410 would get its old state again, and its
             # watch from N another 410, for as long as etcd keeps N.
             extra.append(("resourceVersionMatch", "NotOlderThan"))
-    # A slice that records holds sees objects it holds whatever their labels: kcp is asked
-    # with the client's selector only, and membership is decided here for every object.
-    holds = ctx.records_holds
-    client = ctx.client_selector()
-    query = ctx.upstream_query(
-        extra=extra, drop=() if client_pages else ("limit",), with_slice=not holds
-    )
-    first = await _first_page(ctx, query, headers)
+    query = ctx.upstream_query(extra=extra, drop=("continue",) if limit else ("continue", "limit"))
+    if resume is not None:
+        query.append(("continue", resume.token))
+    kinds = [
+        kind
+        for kind in (SELECTED, HELD)
+        if (kind == SELECTED or ctx.records_holds) and (resume is None or kind in resume.streams)
+    ] or [SELECTED]  # a slice that records no holds has no held stream to resume
+    held = ctx.held_selector().render() if HELD in kinds else ""
+    first = await _first_page(ctx, _relabel(query, held) if kinds[0] == HELD else query, headers)
     if isinstance(first, web.Response):
         return first
-    url, query, page, response = first
-    token = page.continue_token if client_pages else ""
+    url, asked, page, response = first
+    lister = _Lister(ctx, url, headers, client=client)
+    plain = [(k, v) for k, v in asked if k not in _AT]
+    start = resume.token if resume is not None else ""
+    streams = [lister.stream(kinds[0], plain, _Read(page, start))]
+    if len(kinds) == 2:
+        # The held stream at the same resourceVersion: by the same continue token, or its
+        # first page at the selected page's resourceVersion exactly.
+        at = [(k, v) for k, v in asked if k in ("limit", "continue")]
+        if resume is None:
+            at += [("resourceVersion", page.resource_version), ("resourceVersionMatch", "Exact")]
+        later = _relabel(plain, held)
+        second = await _fetch(ctx, url, [*later, *at], headers)
+        streams.append(lister.stream(HELD, later, _Read(second, start)))
+    token = ""
     filled: list[bytes | msgspec.Raw] | None = None
-    limit = int(ctx.options.get("limit") or 0)
-    if holds and client_pages and limit:
-        # kcp filled its page without the slice's selector: fill the client's page from a few
-        # more upstream pages (as the apiserver fills a page with the objects its predicate
-        # takes), bounded (see the module docstring).
-        filled, token = await _fill(ctx, url, page, query, headers, limit=limit, client=client)
+    if limit:
+        filled, token = await _fill(lister, streams, limit=limit, two=ctx.records_holds)
     writer = _ListWriter(
         page,
         continue_token=token,
@@ -133,46 +386,13 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         response.headers["Content-Type"] = YAML_CONTENT_TYPE
     if not await prepare_list(ctx.request, response):
         return response
-    # Later pages must not repeat resourceVersion(Match): the apiserver refuses them together
-    # with a continue token. Their limit is the proxy's (next_page_size).
-    later = [
-        (k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch", "limit")
-    ]
-    size = ctx.page_size
-    following: asyncio.Task[Page] | None = None
     try:
-        while True:
-            if page.continue_token and not client_pages:
-                # Fetch the next page while this one is filtered and written: the upstream's
-                # work overlaps the proxy's, and at most two pages are held at once.
-                size = next_page_size(size, page, floor=ctx.page_size)
-                following = asyncio.ensure_future(
-                    _fetch(
-                        ctx,
-                        url,
-                        [*later, ("limit", str(size)), ("continue", page.continue_token)],
-                        headers,
-                    )
-                )
-                # A task runs only once this coroutine waits, and filtering and writing a page
-                # may not wait at all (the client's socket takes it): let it send its request
-                # now, or the upstream would start on the next page only after this one.
-                await asyncio.sleep(0)
-            visible: Sequence[bytes | msgspec.Raw]
-            if filled is not None:
-                visible = filled
-            elif holds:
-                visible = page.members(ctx.member, client)
-            else:
-                visible = page.visible(selector, ctx.member)
-            if following is None:
-                # The last entries, the list's end and the chunked body's end: one write.
-                last = writer.entries(visible, last=True)
-                break
-            chunk = writer.entries(visible)
+        if filled is not None:
+            chunk = writer.entries(filled)
             if chunk:
                 await response.write(chunk)
-            page, following = await following, None
+        else:
+            await _stream_all(lister, streams, response, writer)
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
         # Caught here, not in the handler: count it as the upstream error it is.
         kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
@@ -180,13 +400,99 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
         _abort(ctx.request)
         return response
-    finally:
-        if following is not None:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await following
-    await response.write_eof(last)
+    await response.write_eof(writer.end())  # the list's end and the chunked end: one write
     return response
+
+
+def _relabel(query: list[tuple[str, str]], labels: str) -> list[tuple[str, str]]:
+    """``query`` asking with label selector ``labels`` instead of its own."""
+    return [*((k, v) for k, v in query if k != "labelSelector"), ("labelSelector", labels)]
+
+
+async def _fill(
+    lister: _Lister, streams: list[_Stream], *, limit: int, two: bool
+) -> tuple[list[bytes | msgspec.Raw], str]:
+    """Up to ``limit`` entries the client gets, merged from ``streams`` (their first pages read
+    with the client's limit) and the pages after them — at most :data:`FILL_ROUNDS` more reads
+    once the page holds an entry (else until it does, or the lists end) — and the continue
+    token after the last of them (empty when nothing the client may get follows; for a slice
+    that records holds (``two``), wrapped with the streams that go on)."""
+    ctx = lister.ctx
+    visible: list[bytes | msgspec.Raw] = []
+    last: tuple[_Stream, int] | None = None
+    budget = len(streams) + FILL_ROUNDS - 1
+    while len(visible) < limit:
+        waiting = [st for st in streams if st.exhausted and st.more]
+        if waiting and visible and sum(st.reads for st in streams) >= budget:
+            break  # enough work for this page: the client asks for the next one
+        for st in waiting:
+            while st.exhausted and st.more:
+                await lister.advance(st, size=max(limit - len(visible), ctx.page_size))
+        run = _next_run(streams)
+        if run is None:
+            break
+        st, end = run
+        taken, index = st.take(end, at_most=limit - len(visible))
+        if taken:
+            visible += taken
+            last = (st, index)
+    going = [st.kind for st in streams if st.goes_on]
+    if not going:
+        return visible, ""  # the lists ended, and all the client gets of them is here
+    assert last is not None, "the loop ends early only once the client's page holds entries"
+    token = await lister.token_after(*last)
+    return visible, encode_continue(token, going) if two else token
+
+
+async def _stream_all(
+    lister: _Lister, streams: list[_Stream], response: web.StreamResponse, writer: _ListWriter
+) -> None:
+    """Every entry the client gets, merged from ``streams`` page by page (``listPageSize``
+    first, then growing: :func:`next_page_size`) and written as it comes; each stream's next
+    page is read while the proxy filters and writes the current one (at most two pages per
+    stream are held)."""
+    ctx = lister.ctx
+    sizes = {st.kind: ctx.page_size for st in streams}
+
+    async def prefetch(st: _Stream) -> None:
+        if st.more:
+            size = sizes[st.kind] = next_page_size(sizes[st.kind], st.page, floor=ctx.page_size)
+            asked = [*st.later, ("limit", str(size)), ("continue", st.page.continue_token)]
+            st.following = asyncio.ensure_future(_fetch(ctx, lister.url, asked, lister.headers))
+            # A task runs only once this coroutine waits, and filtering and writing a page may
+            # not wait at all (the client's socket takes it): let it send its request now, or
+            # the upstream would start on the next page only after this one.
+            await asyncio.sleep(0)
+
+    out: list[bytes] = []
+    try:
+        for st in streams:
+            await prefetch(st)
+        while True:
+            for st in streams:
+                while st.exhausted and st.following is not None:
+                    if out:
+                        await response.write(b"".join(out))
+                        out.clear()
+                    start = st.page.continue_token
+                    page, st.following = await st.following, None
+                    lister.load(st, _Read(page, start))
+                    await prefetch(st)
+            run = _next_run(streams)
+            if run is None:
+                break
+            st, end = run
+            taken, _ = st.take(end)
+            if taken:
+                out.append(writer.entries(taken))
+        if out:
+            await response.write(b"".join(out))
+    finally:
+        for st in streams:
+            if st.following is not None:
+                st.following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await st.following
 
 
 async def serve_apibindings_list(ctx: ProxyRequest) -> web.StreamResponse:
@@ -290,108 +596,6 @@ class _ListWriter:
         return self._tail
 
 
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """One upstream page the proxy read for a client page, and the continue token it was read
-    with ("": the list's first page, read at ``page.resource_version``)."""
-
-    page: Page
-    start: str
-
-
-async def _fill(
-    ctx: ProxyRequest,
-    url: str,
-    page: Page,
-    query: list[tuple[str, str]],
-    headers: CIMultiDict[str],
-    *,
-    limit: int,
-    client: Selector,
-) -> tuple[list[bytes | msgspec.Raw], str]:
-    """Up to ``limit`` entries the slice sees, from ``page`` (read with the client's own limit,
-    so that all of it fits) and the upstream pages after it — at most :data:`FILL_ROUNDS` pages
-    once the client's page holds anything (else until it does, or the list ends) — and the
-    continue token after the last of them (empty when nothing the slice sees follows).
-
-    The token is always kcp's, from right after an entry the client gets: a continue token
-    names the key of the entry it follows (``{"start": "<namespace>/<name>\\u0000"}``), so a
-    token after an entry the slice does not see would tell the client that this object exists.
-    So the client's page ends after its last entry, and an upstream page cut there is read
-    again up to the cut for kcp's token after it (:func:`_token_after`)."""
-    later = [
-        (k, v)
-        for k, v in query
-        if k not in ("resourceVersion", "resourceVersionMatch", "limit", "continue")
-    ]
-    current = _Read(page, ctx.options.get("continue") or "")
-    visible, end, rest = _take(page, ctx, client, want=limit)
-    last = (current, end) if visible else None
-    rounds = 1
-    while len(visible) < limit and current.page.continue_token:
-        if rounds >= FILL_ROUNDS and visible:
-            break  # enough work for this page: the client asks for the next one
-        start = current.page.continue_token
-        size = max(limit - len(visible), ctx.page_size)
-        asked = [*later, ("limit", str(size)), ("continue", start)]
-        current = _Read(await _fetch(ctx, url, asked, headers), start)
-        rounds += 1
-        taken, end, rest = _take(current.page, ctx, client, want=limit - len(visible))
-        if taken:
-            visible += taken
-            last = (current, end)
-    if not rest and not current.page.continue_token:
-        return visible, ""  # the list ended, and all the slice sees of it is on this page
-    assert last is not None, "the loop ends early only once the client's page holds entries"
-    read, count = last
-    if count == len(read.page.entries):
-        return visible, read.page.continue_token
-    return visible, await _token_after(ctx, url, later, headers, read=read, count=count)
-
-
-def _take(
-    page: Page, ctx: ProxyRequest, client: Selector, *, want: int
-) -> tuple[list[bytes | msgspec.Raw], int, bool]:
-    """The first ``want`` entries of ``page`` the slice sees (all it sees, if fewer); how many
-    of the page's entries precede the next one (up to and including the last one taken); and
-    whether the page holds more that the slice sees."""
-    shown = page.indexed_members(ctx.member, client)
-    taken = shown[:want]
-    if not taken:
-        return [], 0, False
-    return [entry for _, entry in taken], taken[-1][0] + 1, len(shown) > want
-
-
-async def _token_after(
-    ctx: ProxyRequest,
-    url: str,
-    later: list[tuple[str, str]],
-    headers: CIMultiDict[str],
-    *,
-    read: _Read,
-    count: int,
-) -> str:
-    """kcp's continue token right after the first ``count`` entries of ``read``: those entries
-    read again (nothing of them is shown) — a continue token reads the snapshot it was issued
-    at, and the list's first page is read again at its resourceVersion, exactly — and checked
-    to be the same, else the token would skip or repeat entries, and the request fails."""
-    if read.start:
-        at = [("continue", read.start)]
-    else:
-        at = [
-            ("resourceVersion", read.page.resource_version),
-            ("resourceVersionMatch", "Exact"),
-        ]
-    again = await _fetch(ctx, url, [*later, ("limit", str(count)), *at], headers)
-    if (
-        len(again.entries) != count
-        or not again.continue_token
-        or _identity(again, count - 1) != _identity(read.page, count - 1)
-    ):
-        raise BadGateway("upstream answered a list page differently when it was read again")
-    return again.continue_token
-
-
 def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
     """What identifies entry ``index`` of ``page``: its object's uid, resourceVersion, namespace
     and name (the bytes of a Table row without an object)."""
@@ -438,19 +642,21 @@ _NAMESPACE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 def single_namespace(fields: str) -> tuple[str, str] | None:
     """The one namespace a field selector requires (``metadata.namespace=X`` or ``==X``, X a
-    valid namespace name, once), and the selector's other terms; None if it requires none."""
-    if "\\" in fields:
-        return None  # escaped values: kcp reads them
-    terms = [t.strip() for t in fields.split(",")] if fields else []
-    found: list[tuple[int, str]] = []
-    for index, term in enumerate(terms):
-        key, equals, value = term.partition("==") if "==" in term else term.partition("=")
-        if equals and not key.endswith("!") and key.strip() == "metadata.namespace":
-            found.append((index, value.strip()))
-    if len(found) != 1 or not _NAMESPACE_NAME.fullmatch(found[0][1]):
+    valid namespace name, once), and the selector's other terms; None if it requires none, or
+    if kcp refuses the selector (it words that refusal). Read by the one field-selector parser
+    (:func:`vwserver.cache.views.parse_field_selector`), with kcp's semantics: terms are not
+    trimmed — kcp v0.32.3 answers ``" metadata.namespace = ns1 "`` with 400 "field label not
+    supported:  metadata.namespace " and ``metadata.namespace= ns1`` with the objects of
+    namespace " ns1" (none)."""
+    try:
+        parsed = parse_field_selector(fields)
+    except BadRequest:
         return None
-    index, namespace = found[0]
-    return namespace, ",".join(t for i, t in enumerate(terms) if i != index)
+    pins = [r for r in parsed.requirements if r.field == NAMESPACE and r.equals]
+    if len(pins) != 1 or not _NAMESPACE_NAME.fullmatch(pins[0].value):
+        return None
+    rest = FieldSelector(tuple(r for r in parsed.requirements if r is not pins[0]))
+    return pins[0].value, rest.render()
 
 
 async def _fetch(
