@@ -180,22 +180,31 @@ class Page:
     size: int = 0
     """Bytes of the page as the upstream sent it."""
 
-    def visible(self, selector: Selector, member: Member | None = None) -> list[msgspec.Raw]:
+    def visible(
+        self, selector: Selector, member: Member | None = None
+    ) -> list[bytes | msgspec.Raw]:
         """The raw entries that match ``selector`` (and that holds do not keep from
         ``member``), to be joined as they are (``msgspec.Raw`` supports the buffer protocol,
         so ``b",".join`` copies each entry exactly once)."""
+        return [entry for _, entry in self.indexed_visible(selector, member)]
+
+    def indexed_visible(
+        self, selector: Selector, member: Member | None = None
+    ) -> list[tuple[int, bytes | msgspec.Raw]]:
+        """:meth:`visible`, each with its index among the page's entries (:func:`shows`)."""
         matches = selector.matches
+        entries = enumerate(zip(self.entries, self.metas, strict=True))
         if member is None or not selector.implies(member.selector):
             return [
-                entry
-                for entry, meta in zip(self.entries, self.metas, strict=True)
+                (i, entry)
+                for i, (entry, meta) in entries
                 if meta is not None and matches(meta.labels) and _sees(member, meta)
             ]
-        # The usual case (the effective selector includes the slice's): an object no slice
-        # holds is seen when it matches, which was just checked — one match per object.
+        # The usual case (the selector includes the slice's): an object no slice holds is
+        # seen when it matches, which was just checked — one match per object.
         return [
-            entry
-            for entry, meta in zip(self.entries, self.metas, strict=True)
+            (i, entry)
+            for i, (entry, meta) in entries
             if meta is not None
             and matches(meta.labels)
             and (not held(meta.annotations) or _sees(member, meta))

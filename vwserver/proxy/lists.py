@@ -79,7 +79,6 @@ from vwserver.proxy.filtering import (
     decode_page,
     list_fields,
     list_header,
-    shows,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -264,11 +263,7 @@ class _Lister:
         else:
             # A slice that records no holds sees an object by its selector (and the holds of
             # others): the plain check, as for a watch kcp answers.
-            shown = [
-                (i, e)
-                for i, (e, meta) in enumerate(zip(page.entries, page.metas, strict=True))
-                if meta is not None and shows(self.selected, member, meta)
-            ]
+            shown = page.indexed_visible(self.selected, member)
         if st.kind == HELD:
             metas, selected = page.metas, self.selected.matches
             shown = [(i, e) for i, e in shown if not selected(_labels(metas[i]))]
