@@ -93,6 +93,7 @@ __all__ = [
     "client_labels",
     "effective_holds",
     "guards",
+    "held",
     "hidden_by_relabel",
     "holder_label",
     "holder_label_changes",
@@ -287,6 +288,12 @@ def _leaves(member: Member, sid: str, hold: Hold, labels: Mapping[str, str] | No
     return bool(hold.leavingSince) or not member.matches(sid, labels)
 
 
+def held(annotations: Mapping[str, str] | None) -> bool:
+    """Whether any slice may hold an object with ``annotations``; when not, :func:`sees` is
+    its selector alone (a LIST's hot loop asks this before the whole rule)."""
+    return annotations is not None and HOLDS_ANNOTATION in annotations
+
+
 def sees(
     member: Member,
     *,
@@ -296,7 +303,7 @@ def sees(
 ) -> bool:
     """Whether ``member`` sees the object: (its labels match and no holder is letting go of
     it) or the slice holds it."""
-    if not annotations or HOLDS_ANNOTATION not in annotations:
+    if not held(annotations):
         return member.selector.matches(labels)  # never held: the selector alone
     holds = effective_holds(annotations, finalizers)
     if member.id in holds:

@@ -766,6 +766,14 @@ class Selector:
     def __str__(self) -> str:
         return self.render()
 
+    def implies(self, other: Selector) -> bool:
+        """Whether every label set this selector matches is matched by ``other`` too, as far
+        as their requirements tell: each of ``other``'s is one of this one's (an AND of
+        requirements matches only what each of them matches). False does not mean it does
+        not; it is asked to skip a second, redundant match."""
+        mine = set(self.requirements)
+        return all(r in mine for r in other.requirements)
+
     def __and__(self, other: object) -> Selector:
         """Both selectors at once: the AND of all their requirements."""
         if not isinstance(other, Selector):

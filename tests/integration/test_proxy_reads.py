@@ -59,6 +59,17 @@ async def test_list_pages_upstream_and_pushes_the_selector_down(env: Env) -> Non
     assert "continue" in lists[1].query
 
 
+async def test_proxy_paged_list_doubles_its_upstream_pages(env: Env) -> None:
+    env.fake.faults.requests.clear()
+    status, doc = await env.get_json(env.widgets(cluster="*", ns=None))
+    assert status == 200
+    assert len(doc["items"]) == 6
+    lists = [r for r in env.fake.faults.requests if r.method == "GET"]
+    # page size 2, 6 matching objects: 2, then 4 (each page's small objects fit the byte bound)
+    assert [r.query.get("limit") for r in lists] == ["2", "4"]
+    assert "continue" in lists[1].query
+
+
 async def test_client_paging_is_honoured(env: Env) -> None:
     url = env.widgets(cluster="*", ns=None)
     seen: list[str] = []

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from vwserver.holds import HOLDS_ANNOTATION, Hold, Member, render_holds, sees, slice_id
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
     Delivered,
@@ -292,3 +295,64 @@ def test_a_watch_from_a_resource_version_asks_about_objects_the_client_may_hold(
     assert not filter_event(event("ADDED", widget("c", "dev")), PROD, delivered=delivered).ask
     # without a starting resourceVersion the watch sent the whole state: nothing to ask
     assert not filter_event(hidden, PROD, delivered=Delivered()).ask
+
+
+_LABEL_VALUES = st.sampled_from(["prod", "dev", "x"])
+
+
+@given(
+    objects=st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from(["env", "tier"]), _LABEL_VALUES, max_size=2),
+            st.sampled_from(["none", "mine", "mine-leaving", "other", "garbage"]),
+        ),
+        max_size=8,
+    ),
+    client=st.sampled_from(["", "tier=x", "env=prod", "env!=dev", "tier"]),
+    with_slice=st.booleans(),
+)
+def test_page_visible_is_selector_and_membership(
+    objects: list[tuple[dict[str, str], str]], client: str, with_slice: bool
+) -> None:
+    """Page.visible skips the membership rule's second match of an object no slice holds
+    when the selector already includes the slice's: the result is the whole rule's."""
+    mine, other = slice_id("c", "mine"), slice_id("c", "other")
+    holds = {
+        "none": None,
+        "mine": render_holds({mine: Hold(finalizers=("f/mine",))}),
+        "mine-leaving": render_holds(
+            {mine: Hold(finalizers=("f/mine",), leavingSince="2026-01-01T00:00:00Z")}
+        ),
+        "other": render_holds({other: Hold(finalizers=("f/other",))}),
+        "garbage": "{not json",
+    }
+    member = Member(
+        selector=PROD,
+        id=mine,
+        peers=lambda sid: Selector.parse("env=dev") if sid == other else None,
+    )
+    items = []
+    for i, (labels, held_by) in enumerate(objects):
+        meta: dict[str, object] = {"name": f"o{i}", "labels": labels}
+        if holds[held_by] is not None:
+            meta["annotations"] = {HOLDS_ANNOTATION: holds[held_by]}
+            meta["finalizers"] = ["f/mine", "f/other"]
+        items.append({"apiVersion": "v1", "kind": "Widget", "metadata": meta})
+    body = json.dumps({"apiVersion": "v1", "kind": "WidgetList", "metadata": {}, "items": items})
+    page = decode_page(body.encode())
+    selector = (PROD & Selector.parse(client)) if with_slice else Selector.parse(client)
+    expected = [
+        entry
+        for entry, meta in zip(page.entries, page.metas, strict=True)
+        if meta is not None
+        and selector.matches(meta.labels)
+        and sees(
+            member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+        )
+    ]
+    assert [bytes(e) for e in page.visible(selector, member)] == [bytes(e) for e in expected]
+    assert [bytes(e) for e in page.visible(selector)] == [
+        bytes(e)
+        for e, m in zip(page.entries, page.metas, strict=True)
+        if m is not None and selector.matches(m.labels)
+    ]

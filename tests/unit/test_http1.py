@@ -1,5 +1,5 @@
 """The proxy's HTTP/1.1 for GETs of one object (vwserver.proxy.http1): requests it writes,
-response heads and chunked bodies it reads — and what it refuses to read."""
+responses it reads (llhttp, fed piece by piece) — and what it refuses to read."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ from hypothesis import strategies as st
 
 from vwserver.proxy.http1 import (
     MAX_HEAD,
+    MAX_INTERIM,
     BodyTooLarge,
-    ChunkedReader,
-    Framing,
     InvalidField,
     MalformedResponse,
-    parse_head,
+    ResponseReader,
     request_head,
 )
 
@@ -65,8 +64,17 @@ def test_request_head_names_the_host_when_it_is_the_bad_field() -> None:
     assert caught.value.name == "Host"
 
 
-def test_parse_head_of_a_kcp_answer() -> None:
-    head = parse_head(
+def read(raw: bytes, *, limit: int = 1 << 20, eof: bool = False) -> ResponseReader:
+    """``raw`` read in one piece (and then the connection's orderly end, with ``eof``)."""
+    reader = ResponseReader(limit=limit)
+    reader.feed(raw)
+    if eof:
+        reader.at_eof()
+    return reader
+
+
+def test_a_kcp_answer() -> None:
+    reader = read(
         b"HTTP/1.1 200 OK\r\n"
         b"Audit-Id: 0b6b4d5c\r\n"
         b"Cache-Control: no-cache, private\r\n"
@@ -74,63 +82,114 @@ def test_parse_head_of_a_kcp_answer() -> None:
         b'Warning: 299 - "a"\r\n'
         b'Warning: 299 - "b"\r\n'
         b"Date: Tue, 01 Dec 2026 16:00:00 GMT\r\n"
-        b"Transfer-Encoding: chunked"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b'{"kind":', b'"Widget"}')
     )
-    assert head.status == 200
-    assert head.framing is Framing.CHUNKED
-    assert head.keep_alive
-    assert head.headers["content-type"] == "application/json"
-    assert head.headers.getall("Warning") == ['299 - "a"', '299 - "b"']
+    assert reader.complete
+    assert (reader.status, reader.body) == (200, b'{"kind":"Widget"}')
+    assert reader.keep_alive
+    assert not reader.trailing
+    assert reader.headers["content-type"] == "application/json"
+    assert reader.headers.getall("Warning") == ['299 - "a"', '299 - "b"']
 
 
-def test_parse_head_strips_whitespace_around_values_only() -> None:
-    head = parse_head(b"HTTP/1.1 200 OK\r\nX: \t a \t b \t\r\nEmpty:\r\nContent-Length: 0")
-    assert head.headers["X"] == "a \t b"
-    assert head.headers["Empty"] == ""
-    assert (head.framing, head.length) == (Framing.LENGTH, 0)
+def test_whitespace_around_values_is_stripped_only() -> None:
+    reader = read(b"HTTP/1.1 200 OK\r\nX: \t a \t b \t\r\nEmpty:\r\nContent-Length: 0\r\n\r\n")
+    assert reader.headers["X"] == "a \t b"
+    assert reader.headers["Empty"] == ""
+    assert reader.complete
 
 
-def test_parse_head_obs_text_is_latin_1() -> None:
-    head = parse_head(b"HTTP/1.1 200 OK\r\nX: caf\xe9\r\nContent-Length: 0")
-    assert head.headers["X"] == "caf\xe9"
+def test_obs_text_is_latin_1() -> None:
+    reader = read(b"HTTP/1.1 200 OK\r\nX: caf\xe9\r\nContent-Length: 0\r\n\r\n")
+    assert reader.headers["X"] == "caf\xe9"
 
 
 @pytest.mark.parametrize(
-    ("raw", "framing", "length", "keep_alive"),
+    ("raw", "body", "keep_alive"),
     [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 12", Framing.LENGTH, 12, True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok", True),
         (
-            b"HTTP/1.1 200 OK\r\nContent-Length: 12, 12\r\nContent-Length: 12",
-            Framing.LENGTH,
-            12,
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbye",
+            b"bye",
+            False,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 1\r\n\r\nx",
+            b"x",
+            False,
+        ),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx", b"x", False),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", b"", True),
+        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", b"", True),
+        (b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n", b"", True),
+        (b"HTTP/1.1 500 \r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n", b"", True),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\nContent-Length: 1\r\n\r\nx",
+            b"x",
             True,
         ),
-        (
-            b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: close",
-            Framing.LENGTH,
-            3,
-            False,
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 1",
-            Framing.LENGTH,
-            1,
-            False,
-        ),
-        (b"HTTP/1.0 200 OK\r\nContent-Length: 1", Framing.LENGTH, 1, False),
-        (b"HTTP/1.1 200 OK", Framing.CLOSE, 0, False),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: identity", Framing.CLOSE, 0, False),
-        (b"HTTP/1.1 204 No Content", Framing.NONE, 0, True),
-        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5", Framing.NONE, 0, True),
-        (b"HTTP/1.1 100 Continue", Framing.NONE, 0, True),
-        (b"HTTP/1.1 103 Early Hints\r\nLink: </a>", Framing.NONE, 0, True),
-        (b"HTTP/1.1 200", Framing.CLOSE, 0, False),
-        (b"HTTP/1.1 500 \r\nTransfer-Encoding: Chunked", Framing.CHUNKED, 0, True),
     ],
 )
-def test_parse_head_framing(raw: bytes, framing: Framing, length: int, keep_alive: bool) -> None:
-    head = parse_head(raw)
-    assert (head.framing, head.length, head.keep_alive) == (framing, length, keep_alive)
+def test_framed_bodies(raw: bytes, body: bytes, keep_alive: bool) -> None:
+    reader = read(raw)
+    assert reader.complete
+    assert (reader.body, reader.keep_alive, reader.trailing) == (body, keep_alive, False)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n\r\nx",
+    ],
+)
+def test_a_body_without_framing_ends_at_the_close(raw: bytes) -> None:
+    reader = read(raw)
+    assert not reader.complete
+    assert reader.at_eof()
+    assert reader.body == raw.split(b"\r\n\r\n", 1)[1]
+    assert not reader.keep_alive
+
+
+def test_a_framed_body_is_not_completed_by_the_close() -> None:
+    reader = read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabc")
+    assert not reader.at_eof()
+
+
+@pytest.mark.parametrize(
+    "after",
+    [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil", b"X", b"HTTP/1.1 200"],
+)
+def test_bytes_after_the_response_are_trailing(after: bytes) -> None:
+    reader = read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst" + after)
+    assert (reader.complete, reader.body, reader.trailing) == (True, b"first", True)
+    later = read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+    assert later.feed(after)
+    assert later.trailing
+
+
+def test_bytes_after_a_response_that_closes_are_trailing() -> None:
+    reader = read(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nokMORE")
+    assert (reader.complete, reader.body, reader.trailing, reader.keep_alive) == (
+        True,
+        b"ok",
+        True,
+        False,
+    )
+
+
+def test_interim_responses_are_skipped() -> None:
+    reader = read(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"
+    )
+    assert (reader.status, reader.body, reader.complete) == (200, b"final", True)
+    assert "Link" not in reader.headers
+
+
+def test_interim_responses_are_bounded() -> None:
+    with pytest.raises(MalformedResponse, match="interim"):
+        read(b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_INTERIM + 1))
 
 
 @pytest.mark.parametrize(
@@ -138,43 +197,68 @@ def test_parse_head_framing(raw: bytes, framing: Framing, length: int, keep_aliv
     [
         b"",
         b"HTTP/2 200 OK",
+        b"HTTP/2.0 200 OK",
         b"HTTP/1.1 20 OK",
         b"HTTP/1.1 600 Nope",
         b"http/1.1 200 OK",
         b"HTTP/1.1  200 OK",
         b"ICY 200 OK",
-        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket",
+        b"RTSP/1.0 200 OK",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade",
+        b"\r\nHTTP/1.1 200 OK",
         # fields
         b"HTTP/1.1 200 OK\r\n folded: x",
         b"HTTP/1.1 200 OK\r\nX: a\r\n  continued",
         b"HTTP/1.1 200 OK\r\nX : a",
         b"HTTP/1.1 200 OK\r\nX\x00Y: a",
         b"HTTP/1.1 200 OK\r\nX: a\x00b",
+        b"HTTP/1.1 200 OK\r\nX: a\x7fb",
         b"HTTP/1.1 200 OK\r\nX: a\nContent-Length: 0",
         b"HTTP/1.1 200 OK\r\nX: a\rb",
         b"HTTP/1.1 200 OK\r\nno colon",
         b"HTTP/1.1 200 OK\r\n: no name",
-        b"HTTP/1.1 200 OK\r\n\r\nX: after the end",
         # framing
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip",
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5",
         b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 12, 12",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1",
         b"HTTP/1.1 200 OK\r\nContent-Length: +5",
         b"HTTP/1.1 200 OK\r\nContent-Length: 0x10",
         b"HTTP/1.1 200 OK\r\nContent-Length: \xd9\xa3",  # a non-ASCII digit
         b"HTTP/1.1 200 OK\r\nContent-Length: ",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789",
         b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5",
         b"HTTP/1.1 200 OK\r\nContent-Encoding: identity, br\r\nContent-Length: 5",
     ],
 )
-def test_parse_head_refuses(raw: bytes) -> None:
+def test_heads_refused(raw: bytes) -> None:
     with pytest.raises(MalformedResponse):
-        parse_head(raw)
+        read(raw + b"\r\n\r\n")
+
+
+def test_a_length_over_the_limit_is_refused_before_the_body() -> None:
+    with pytest.raises(BodyTooLarge):
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789\r\n\r\n")
+    with pytest.raises(BodyTooLarge):
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n", limit=10)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n" + b"x" * 11,
+        b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 11,
+    ],
+)
+def test_bodies_over_the_limit_are_refused(raw: bytes) -> None:
+    with pytest.raises(BodyTooLarge):
+        read(raw, limit=10)
 
 
 def chunked(*chunks: bytes, trailer: bytes = b"") -> bytes:
@@ -183,50 +267,43 @@ def chunked(*chunks: bytes, trailer: bytes = b"") -> bytes:
     )
 
 
-def decode_all(raw: bytes, *, limit: int = 1 << 20) -> tuple[bytes, int]:
-    reader = ChunkedReader(limit=limit)
-    assert reader.advance(raw)
-    return reader.body, reader.consumed
-
-
-def test_chunked_body_and_where_it_ends() -> None:
-    raw = chunked(b'{"kind":', b'"Widget"}') + b"NEXT"
-    assert decode_all(raw) == (b'{"kind":"Widget"}', len(raw) - 4)
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 def test_chunked_extensions_and_trailers_are_skipped() -> None:
-    raw = b"5 ;name=value\r\nhello\r\n1;a\r\n!\r\n0;end\r\nX-Trailer: 1\r\nY: 2\r\n\r\n"
-    assert decode_all(raw) == (b"hello!", len(raw))
+    reader = read(
+        CHUNKED + b"5;name=value\r\nhello\r\n1;a\r\n!\r\n0;end\r\nX-Trailer: 1\r\nY: 2\r\n\r\n"
+    )
+    assert (reader.complete, reader.body, reader.trailing) == (True, b"hello!", False)
+    assert "X-Trailer" not in reader.headers
 
 
 @given(
     body_parts=st.lists(st.binary(min_size=1, max_size=40), max_size=6),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
 )
-def test_chunked_in_any_pieces_with_compaction(body_parts: list[bytes], cuts: list[int]) -> None:
-    raw = chunked(*body_parts, trailer=b"T: x\r\n")
-    buffer = bytearray()
-    reader = ChunkedReader(limit=1 << 20)
+def test_chunked_in_any_pieces(body_parts: list[bytes], cuts: list[int]) -> None:
+    raw = CHUNKED + chunked(*body_parts, trailer=b"T: x\r\n")
+    reader = ResponseReader(limit=1 << 20)
     done = False
     previous = 0
-    for cut in [*sorted({min(c, len(raw)) for c in cuts}), len(raw)]:
-        buffer += raw[previous:cut]
+    for cut in sorted({min(c, len(raw)) for c in cuts} | {len(raw)}):
+        assert not done
+        done = reader.feed(raw[previous:cut])
         previous = cut
-        done = reader.advance(buffer)
-        if done:
-            break
-        reader.compact(buffer)
     assert done
     assert reader.body == b"".join(body_parts)
-    assert reader.consumed == len(buffer)
+    assert not reader.trailing
 
 
 @pytest.mark.parametrize(
     "partial",
-    [b"", b"5", b"5\r", b"5\r\nhel", b"5\r\nhello", b"5\r\nhello\r\n0\r\n", b"0\r\nX: y\r\n"],
+    [b"5", b"5\r", b"5\r\nhel", b"5\r\nhello", b"5\r\nhello\r\n0\r\n", b"0\r\nX: y\r\n"],
 )
 def test_chunked_waits_for_more(partial: bytes) -> None:
-    assert not ChunkedReader(limit=100).advance(partial)
+    reader = read(CHUNKED + partial)
+    assert not reader.complete
+    assert not reader.at_eof()
 
 
 @pytest.mark.parametrize(
@@ -237,30 +314,32 @@ def test_chunked_waits_for_more(partial: bytes) -> None:
         b"+1\r\nx\r\n0\r\n\r\n",
         b"\r\n",
         b" 1\r\nx\r\n0\r\n\r\n",
+        b"1 ;a\r\nx\r\n0\r\n\r\n",
         b"0x1\r\nx\r\n0\r\n\r\n",
         b"1\r\nxy\r\n0\r\n\r\n",  # more data than the size says
         b"1\r\nx\n0\r\n\r\n",
         b"1\nx\r\n0\r\n\r\n",
         b"1;a\rb\r\nx\r\n0\r\n\r\n",
-        b"1000000000000000\r\n",  # 16 hex digits
+        b"10000000000000000\r\n",  # 17 hex digits: over 64 bits
     ],
 )
-def test_chunked_refuses(raw: bytes) -> None:
+def test_chunked_refused(raw: bytes) -> None:
     with pytest.raises(MalformedResponse):
-        ChunkedReader(limit=1 << 62).advance(raw)
+        ResponseReader(limit=1 << 62).feed(CHUNKED + raw)
 
 
-def test_chunked_limit_is_checked_before_the_data_arrives() -> None:
-    reader = ChunkedReader(limit=10)
-    assert not reader.advance(b"5\r\nhello\r\n")
+def test_chunked_limit_is_checked_as_the_data_arrives() -> None:
+    reader = read(CHUNKED + b"5\r\nhello\r\n", limit=10)
     with pytest.raises(BodyTooLarge):
-        reader.advance(b"5\r\nhello\r\n6\r\n")
+        reader.feed(b"6\r\nhello!")
 
 
-def test_chunked_size_line_and_trailers_are_bounded() -> None:
-    with pytest.raises(MalformedResponse, match="chunk-size line"):
-        ChunkedReader(limit=10).advance(b"1;" + b"x" * 5000)
-    reader = ChunkedReader(limit=10)
-    assert not reader.advance(b"0\r\nX: " + b"y" * 100)
+def test_heads_framing_and_trailers_are_bounded() -> None:
+    with pytest.raises(MalformedResponse, match="head too large"):
+        read(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20_000 + b"\r\n")
+    with pytest.raises(MalformedResponse, match="head too large"):
+        read(b"HTTP/1.1 200 OK\r\nX: " + b"y" * (MAX_HEAD + 1))  # a field still arriving
+    with pytest.raises(MalformedResponse, match="framing"):
+        read(CHUNKED + b"1;" + b"x" * (2 * MAX_HEAD))  # an extension that never ends
     with pytest.raises(MalformedResponse, match="trailer"):
-        reader.advance(b"0\r\nX: " + b"y" * MAX_HEAD)
+        read(CHUNKED + b"0\r\n" + b"X: y\r\n" * 20_000)

@@ -5,16 +5,21 @@ from __future__ import annotations
 import base64
 import json
 
+import msgspec
 import pytest
 
 from vwserver.errors import BadRequest
 from vwserver.proxy import cache_plan
+from vwserver.proxy.filtering import Page
 from vwserver.proxy.lists import (
     HELD,
+    MAX_PAGE,
+    PAGE_BYTES,
     SELECTED,
     Resume,
     decode_continue,
     encode_continue,
+    next_page_size,
     single_namespace,
 )
 
@@ -70,3 +75,36 @@ def test_a_damaged_continue_token_of_ours_is_the_apiservers_400(doc: dict[str, o
     text = base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
     with pytest.raises(BadRequest, match="continue key is not valid"):
         decode_continue(text)
+
+
+def page_of(entries: int, *, size: int, out_of_scope: int = 0) -> Page:
+    return Page(
+        is_table=False,
+        api_version="v1",
+        kind="WidgetList",
+        resource_version="1",
+        continue_token="t",
+        column_definitions=None,
+        entries=[msgspec.Raw(b"{}")] * entries,
+        metas=[None] * entries,
+        out_of_scope=out_of_scope,
+        size=size,
+    )
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown", "dropped", "size", "floor", "expected"),
+    [
+        (500, 500, 0, 500 * 400, 500, 1000),  # small objects: twice the last page
+        (8000, 8000, 0, 8000 * 400, 500, MAX_PAGE),  # never more than MAX_PAGE objects
+        (500, 500, 0, 500 * 100_000, 500, 500),  # large objects: the byte bound, not below floor
+        (2000, 500, 0, 500 * 8192, 100, PAGE_BYTES // 8192),  # the byte bound
+        (500, 0, 0, 100, 500, 1000),  # an empty page says nothing of object sizes
+        (2000, 250, 250, 500 * 8192, 100, PAGE_BYTES // 8192),  # out-of-scope ones were sent too
+    ],
+)
+def test_next_page_size(
+    asked: int, shown: int, dropped: int, size: int, floor: int, expected: int
+) -> None:
+    page = page_of(shown, size=size, out_of_scope=dropped)
+    assert next_page_size(asked, page, floor=floor) == expected

@@ -1001,3 +1001,27 @@ def test_from_label_selector_on_arbitrary_json_fails_cleanly(obj: dict[str, obje
         assert Selector.from_label_selector(selector.to_label_selector()) == selector
         return
     assert message.startswith("selector")
+
+
+@pytest.mark.parametrize(
+    ("this", "other", "implied"),
+    [
+        ("env=prod,tier=x", "env=prod", True),
+        ("env=prod", "env=prod", True),
+        ("env=prod", "", True),
+        ("", "env=prod", False),
+        ("env=prod", "env=dev", False),
+        ("env in (prod)", "env=prod", False),  # implied in fact; not told by the requirements
+    ],
+)
+def test_implies_by_requirements(this: str, other: str, implied: bool) -> None:
+    assert Selector.parse(this).implies(Selector.parse(other)) is implied
+
+
+@given(st.lists(st.sampled_from(["env=prod", "tier!=x", "zone", "!gone"]), max_size=4))
+def test_a_selector_and_another_implies_both(terms: list[str]) -> None:
+    this = Selector.parse(",".join(terms[:2]))
+    other = Selector.parse(",".join(terms[2:]))
+    both = this & other
+    assert both.implies(this)
+    assert both.implies(other)

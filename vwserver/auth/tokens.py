@@ -35,7 +35,6 @@ one review per TTL.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import re
@@ -125,7 +124,8 @@ class TokenReviewer:
         is not :func:`well_formed` is nobody's, without asking kcp."""
         if not well_formed(token):
             return TokenResult(None, MALFORMED)
-        digest = hmac.new(self._hmac_key, token.encode(), hashlib.sha256).digest()
+        # hmac.digest: OpenSSL's one-shot HMAC, a fraction of hmac.new's cost per request.
+        digest = hmac.digest(self._hmac_key, token.encode(), "sha256")
 
         async def review() -> tuple[TokenResult, float]:
             result = await self._review(token, cluster=cluster)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 
-class ObjectMeta(msgspec.Struct, omit_defaults=True):
+class ObjectMeta(msgspec.Struct, omit_defaults=True, gc=False):
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -22,7 +22,7 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     deletionTimestamp: str | None = None
 
 
-class ObjectHead(msgspec.Struct, omit_defaults=True):
+class ObjectHead(msgspec.Struct, omit_defaults=True, gc=False):
     """apiVersion, kind and metadata of any object; the rest of it is skipped when decoding."""
 
     apiVersion: str = ""
@@ -30,13 +30,13 @@ class ObjectHead(msgspec.Struct, omit_defaults=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
-class ListMeta(msgspec.Struct, omit_defaults=True):
+class ListMeta(msgspec.Struct, omit_defaults=True, gc=False):
     resourceVersion: str = ""
     # ``continue`` is a Python keyword; ``rename`` maps the wire name.
     continue_: str = msgspec.field(default="", name="continue")
 
 
-class ListPage(msgspec.Struct):
+class ListPage(msgspec.Struct, gc=False):
     """One page of a LIST (plain list or PartialObjectMetadataList); items kept as raw bytes."""
 
     apiVersion: str = ""
@@ -45,7 +45,7 @@ class ListPage(msgspec.Struct):
     items: list[msgspec.Raw] | None = None
 
 
-class TablePage(msgspec.Struct):
+class TablePage(msgspec.Struct, gc=False):
     """One page of a ``meta.k8s.io/v1 Table`` (``as=Table``); rows kept as raw bytes."""
 
     apiVersion: str = ""

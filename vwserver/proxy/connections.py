@@ -23,22 +23,12 @@ from typing import Any, Final, Protocol, cast
 from multidict import CIMultiDictProxy
 
 from vwserver.errors import BadGateway, UpstreamUnreachable
-from vwserver.proxy.http1 import (
-    MAX_HEAD,
-    BodyTooLarge,
-    ChunkedReader,
-    Framing,
-    MalformedResponse,
-    ResponseHead,
-    parse_head,
-)
+from vwserver.proxy.http1 import BodyTooLarge, MalformedResponse, ResponseReader
 
 KEEPALIVE: Final = 15.0
 """Seconds an idle connection is kept (aiohttp's default, which the rest of the proxy uses)."""
 MAX_IDLE: Final = 256
 """Idle connections kept per upstream host and TLS context."""
-_MAX_INTERIM: Final = 8
-"""1xx responses skipped before the final one (RFC 9110 §15.2) — a bound, not an expectation."""
 RETRY_AFTER_SECONDS: Final = 1
 
 
@@ -72,7 +62,10 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, timers: Timers) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.reader: ResponseReader | None = None
+        """The response of the exchange under way, read as its bytes arrive."""
+        self.failure: MalformedResponse | BodyTooLarge | None = None
+        """Why the reader refused the response under way."""
         self.ended = False
         """The upstream closed the connection, or it broke."""
         self.error: BaseException | None = None
@@ -93,13 +86,23 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self._busy:
+        reader = self.reader
+        if not self._busy or reader is None:
             self.abort()  # bytes nobody asked for: this connection is not to be trusted
             return
-        self.buffer += data
         if self._timer is not None:
             self._last_read = self._timers.time()
-        self._wake()
+        if self.failure is not None:
+            return
+        # Read here, as the bytes arrive: the exchange is woken once, when the response is
+        # complete (or refused), not for every piece of a large body.
+        try:
+            done = reader.feed(data)
+        except (MalformedResponse, BodyTooLarge) as e:
+            self.failure = e
+            done = True
+        if done:
+            self._wake()
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -116,9 +119,12 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def begin(self, read_timeout: float | None) -> None:
-        """Start an exchange: from now on, :meth:`more` fails once ``read_timeout`` seconds
-        pass without a byte received (an idle timeout, like aiohttp's ``sock_read``)."""
+    def begin(self, reader: ResponseReader, read_timeout: float | None) -> None:
+        """Start an exchange whose response ``reader`` reads: from now on, :meth:`more` fails
+        once ``read_timeout`` seconds pass without a byte received (an idle timeout, like
+        aiohttp's ``sock_read``)."""
+        self.reader = reader
+        self.failure = None
         self._busy = True
         self._timed_out = False
         if read_timeout is not None:
@@ -129,6 +135,7 @@ class _Connection(asyncio.Protocol):
     def finish(self) -> None:
         """End the exchange (its read timeout)."""
         self._busy = False
+        self.reader = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -143,8 +150,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     async def more(self) -> None:
-        """Wait until more bytes arrive or the connection ends; TimeoutError when the exchange's
-        read timeout passes first."""
+        """Wait until the response is complete or refused, or the connection ends; TimeoutError
+        when the exchange's read timeout passes first."""
         if not self.ended and not self._timed_out:
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -292,13 +299,25 @@ class ConnectionPool:
         try:
             if not conn.usable:
                 raise _Stale() if reused else _unreachable(key, conn.error)
-            conn.begin(read_timeout)
+            reader = ResponseReader(limit=limit)
+            conn.begin(reader, read_timeout)
             conn.send(request)
-            head, start = await _read_head(conn)
-            body, end = await _read_body(conn, head, start, limit)
+            while not reader.complete:
+                if conn.failure is not None:
+                    raise conn.failure
+                if conn.ended:
+                    if not reader.started:
+                        raise _Stale()
+                    # A body up to the close ends where the upstream closes in good order.
+                    if conn.error is None and reader.at_eof():
+                        break
+                    raise _Broken()
+                await conn.more()
+            if conn.failure is not None:
+                raise conn.failure
             # Bytes after the response were not asked for: such a connection is not reused.
-            reusable = head.keep_alive and end == len(conn.buffer) and not conn.ended
-            return Fetched(head.status, head.headers, body)
+            reusable = reader.keep_alive and not reader.trailing and not conn.ended
+            return Fetched(reader.status, reader.headers, reader.body)
         except _Stale:
             if reused:
                 raise
@@ -314,7 +333,6 @@ class ConnectionPool:
         finally:
             conn.finish()
             if reusable:
-                conn.buffer.clear()
                 self._put(key, conn)
             else:
                 conn.abort()
@@ -322,67 +340,6 @@ class ConnectionPool:
 
 class _Broken(Exception):
     """The connection ended in the middle of a response."""
-
-
-async def _read_head(conn: _Connection) -> tuple[ResponseHead, int]:
-    """The final response head and where its body starts in ``conn.buffer`` (1xx skipped);
-    :class:`_Stale` when the connection ended without a byte of an answer."""
-    buffer = conn.buffer
-    start = searched = 0
-    for _ in range(_MAX_INTERIM + 1):
-        while (end := buffer.find(b"\r\n\r\n", searched)) < 0:
-            if len(buffer) - start > MAX_HEAD:
-                raise MalformedResponse("response head too large")
-            if conn.ended:
-                if not buffer:
-                    raise _Stale()
-                raise _Broken()
-            searched = max(start, len(buffer) - 3)
-            await conn.more()
-        if end - start > MAX_HEAD:
-            raise MalformedResponse("response head too large")
-        head = parse_head(bytes(buffer[start:end]))
-        start = searched = end + 4
-        if head.status >= 200:
-            return head, start
-    raise MalformedResponse(f"more than {_MAX_INTERIM} interim responses")
-
-
-async def _read_body(
-    conn: _Connection, head: ResponseHead, start: int, limit: int
-) -> tuple[bytes, int]:
-    """The body and where it ends in ``conn.buffer``."""
-    buffer = conn.buffer
-    if head.framing is Framing.NONE:
-        return b"", start
-    if head.framing is Framing.LENGTH:
-        if head.length > limit:
-            raise BodyTooLarge()
-        end = start + head.length
-        while len(buffer) < end:
-            if conn.ended:
-                raise _Broken()
-            await conn.more()
-        return bytes(buffer[start:end]), end
-    if head.framing is Framing.CHUNKED:
-        chunks = ChunkedReader(limit=limit)
-        del buffer[:start]  # decoded bytes are dropped as the body arrives
-        while not chunks.advance(buffer):
-            if conn.ended:
-                raise _Broken()
-            chunks.compact(buffer)
-            await conn.more()
-        return chunks.body, chunks.consumed
-    # Framing.CLOSE: the body ends where the upstream closes the connection in good order.
-    while not conn.ended:
-        if len(buffer) - start > limit:
-            raise BodyTooLarge()
-        await conn.more()
-    if conn.error is not None:
-        raise _Broken()
-    if len(buffer) - start > limit:
-        raise BodyTooLarge()
-    return bytes(buffer[start:]), len(buffer)
 
 
 def _unreachable(key: _Key, error: BaseException | None) -> UpstreamUnreachable:

@@ -77,7 +77,7 @@ from typing import Any, Final
 
 import msgspec
 
-from vwserver.holds import Member, as_leaving, client_labels, leaving_since, sees
+from vwserver.holds import Member, as_leaving, client_labels, held, leaving_since, sees
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import ListPage, ObjectHead, ObjectMeta, TablePage
 from vwserver.selector import Selector
@@ -140,19 +140,19 @@ def decode_head(raw: bytes | msgspec.Raw) -> ObjectHead:
 
 # The metadata of every entry of a page, decoded in one pass over the page — each shape by its
 # own structure: a list's items are objects, a Table's rows embed one.
-class _Item(msgspec.Struct):
+class _Item(msgspec.Struct, gc=False):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
-class _ListMetas(msgspec.Struct):
+class _ListMetas(msgspec.Struct, gc=False):
     items: list[_Item] | None = None
 
 
-class _Row(msgspec.Struct):
+class _Row(msgspec.Struct, gc=False):
     object: _Item | None = None
 
 
-class _TableMetas(msgspec.Struct):
+class _TableMetas(msgspec.Struct, gc=False):
     rows: list[_Row] | None = None
 
 
@@ -177,16 +177,37 @@ class Page:
     can never be shown."""
     out_of_scope: int = 0
     """Entries the upstream sent that are outside the request's :class:`Scope` (dropped)."""
+    size: int = 0
+    """Bytes of the page as the upstream sent it."""
 
-    def visible(self, selector: Selector, member: Member | None = None) -> list[msgspec.Raw]:
+    def visible(
+        self, selector: Selector, member: Member | None = None
+    ) -> list[bytes | msgspec.Raw]:
         """The raw entries that match ``selector`` (and that holds do not keep from
         ``member``), to be joined as they are (``msgspec.Raw`` supports the buffer protocol,
         so ``b",".join`` copies each entry exactly once)."""
+        return [entry for _, entry in self.indexed_visible(selector, member)]
+
+    def indexed_visible(
+        self, selector: Selector, member: Member | None = None
+    ) -> list[tuple[int, bytes | msgspec.Raw]]:
+        """:meth:`visible`, each with its index among the page's entries (:func:`shows`)."""
         matches = selector.matches
+        entries = enumerate(zip(self.entries, self.metas, strict=True))
+        if member is None or not selector.implies(member.selector):
+            return [
+                (i, entry)
+                for i, (entry, meta) in entries
+                if meta is not None and matches(meta.labels) and _sees(member, meta)
+            ]
+        # The usual case (the selector includes the slice's): an object no slice holds is
+        # seen when it matches, which was just checked — one match per object.
         return [
-            entry
-            for entry, meta in zip(self.entries, self.metas, strict=True)
-            if meta is not None and matches(meta.labels) and _sees(member, meta)
+            (i, entry)
+            for i, (entry, meta) in entries
+            if meta is not None
+            and matches(meta.labels)
+            and (not held(meta.annotations) or _sees(member, meta))
         ]
 
     def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
@@ -251,7 +272,7 @@ def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) ->
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
     out_of_scope = 0
-    if scope is not ANYWHERE:
+    if scope != ANYWHERE:  # e.g. a LIST on clusters/* admits every object: no pass
         kept = [(e, m) for e, m in zip(entries, metas, strict=True) if m is None or scope.admits(m)]
         out_of_scope = len(entries) - len(kept)
         if out_of_scope:
@@ -266,6 +287,7 @@ def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) ->
         entries=entries,
         metas=metas,
         out_of_scope=out_of_scope,
+        size=len(body),
     )
 
 

@@ -19,8 +19,9 @@ time until its response headers went out (:func:`record_headers_sent`), not its 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import uuid
+import secrets
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -111,7 +112,7 @@ class ProxyHandler:
         self._delegated = guard.mode is AuthMode.DELEGATED
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        record = RequestRecord(id=str(uuid.uuid4()), started=asyncio.get_running_loop().time())
+        record = RequestRecord(id=_request_id(), started=asyncio.get_running_loop().time())
         request[RECORD_KEY] = record
         context = REQUEST_ID.set(record.id)
         code = 500  # an unexpected exception: aiohttp answers 500
@@ -285,6 +286,16 @@ class ProxyHandler:
             if api.verb is Verb.LIST:
                 return await lists.serve_apibindings_list(ctx)
         return await _BY_VERB[api.verb](ctx)
+
+
+_ID_PREFIX = secrets.token_hex(6)
+_ID_NUMBERS = itertools.count(1)
+
+
+def _request_id() -> str:
+    """A request's id in the log lines: this process's random prefix and a number — unique
+    like a UUID, without a random draw and a UUID object per request."""
+    return f"{_ID_PREFIX}-{next(_ID_NUMBERS):x}"
 
 
 async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:

@@ -5,46 +5,44 @@ upstream exchange and its answer is read whole anyway, and aiohttp's general cli
 response objects, stream readers, timers, cookie and trace hooks) costs several times what the
 proxy's own checks of the request cost (:mod:`vwserver.proxy.connections` does the I/O).
 
-One keep-alive connection carries the requests of many callers one after another, so a response
-is read strictly: a head or a body framing this module does not understand is a
+Responses are read by llhttp (Node.js's HTTP parser, through ``httptools``, as uvicorn does) in
+its strict mode, fed with the connection's bytes as they arrive (:class:`ResponseReader`). One
+keep-alive connection carries the requests of many callers one after another, so a response is
+read strictly: a head or a body framing this module does not understand is a
 :class:`MalformedResponse` and ends the connection, rather than being guessed at — a guess could
 take the rest of one response for the start of the next caller's. Only ``Transfer-Encoding:
 chunked``, one ``Content-Length``, or a body up to the end of the connection are understood (RFC
 9112 §6.3); a response with both a length and chunking is refused, as §6.3 advises, and so is a
-content coding other than identity (the proxy asks for identity only).
+content coding other than identity (the proxy asks for identity only). llhttp refuses (strict,
+no leniency switched on) obs-fold, whitespace before a field's colon, bare CR or LF, control
+characters in names and values, a repeated or non-decimal ``Content-Length``, and malformed
+chunk-size lines; this module adds the rest (HTTP/1.0 or 1.1 only, status 100 to 599, no 101, no
+other transfer or content coding, the sizes below) and says where the response ended.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Final
 
+import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 MAX_HEAD: Final = 64 * 1024
 """Largest response head (status line and fields), and largest chunked trailer section."""
 _MAX_CHUNK_LINE: Final = 4096
-"""Largest chunk-size line (the size and any chunk extensions)."""
+"""Bytes of framing allowed per chunk (its size line with any extensions, and CRLFs)."""
+MAX_INTERIM: Final = 8
+"""1xx responses skipped before the final one (RFC 9110 §15.2) — a bound, not an expectation."""
 
-# RFC 9110 §5.6.2 token (field names), and field values: visible characters, spaces, tabs and
-# obs-text, no control characters (CR, LF, NUL, ...), no whitespace around them (§5.5). Heads are
-# matched as latin-1 text, one byte per character; the received ones with possessive quantifiers,
-# which never backtrack: a 64 KiB head costs linear time even when it does not match.
+# RFC 9110 §5.6.2 token (field names), and field values as sent: visible characters, spaces,
+# tabs and obs-text, no control characters (CR, LF, NUL, ...).
 _NAME: Final = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]++"
-_VCHAR: Final = r"[\x21-\x7e\x80-\xff]"
-_VALUE: Final = rf"(?:{_VCHAR}++(?:[ \t]++{_VCHAR}++)*+)?+"
-# One field line as sent (the value as is, its own whitespace included) ...
 _FIELD_OUT: Final = re.compile(rf"{_NAME}: [\t\x20-\x7e\x80-\xff]*\r\n")
 _FIELDS_OUT: Final = re.compile(rf"(?:{_NAME}: [\t\x20-\x7e\x80-\xff]*\r\n)*")
-# ... and as received, after the status line: optional whitespace around the value.
-_FIELD_IN: Final = re.compile(rf"\r\n({_NAME}):[ \t]*+({_VALUE})[ \t]*+")
-_FIELDS_IN: Final = re.compile(rf"(?:\r\n{_NAME}:[ \t]*+{_VALUE}[ \t]*+)*+")
 _REQUEST_TARGET: Final = re.compile(r"/[\x21-\x7e]*")
-_STATUS_LINE: Final = re.compile(r"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t\x20-\x7e\x80-\xff]*)?")
-_CHUNK_SIZE: Final = re.compile(rb"([0-9A-Fa-f]{1,15})[\t ]*(?:;[^\r\n]*)?")
+_OWS: Final = " \t"
 
 
 class InvalidField(ValueError):
@@ -58,26 +56,6 @@ class InvalidField(ValueError):
 
 class MalformedResponse(ValueError):
     """Upstream bytes that are not an HTTP/1.1 response this module reads."""
-
-
-class Framing(Enum):
-    """Where a response body ends (RFC 9112 §6.3)."""
-
-    NONE = "none"  # 1xx, 204, 304: no body at all
-    LENGTH = "length"  # Content-Length bytes
-    CHUNKED = "chunked"  # Transfer-Encoding: chunked
-    CLOSE = "close"  # at the end of the connection
-
-
-@dataclass(slots=True)
-class ResponseHead:
-    status: int
-    headers: CIMultiDictProxy[str]
-    framing: Framing
-    length: int = 0
-    """The body's length for :attr:`Framing.LENGTH`."""
-    keep_alive: bool = True
-    """Whether the connection may carry another request after this response."""
 
 
 def request_head(*, target: str, host: str, fields: Iterable[tuple[str, str]]) -> bytes:
@@ -98,134 +76,194 @@ def request_head(*, target: str, host: str, fields: Iterable[tuple[str, str]]) -
     return f"GET {target} HTTP/1.1\r\n{lines}\r\n".encode("latin-1")
 
 
-def parse_head(raw: bytes) -> ResponseHead:
-    """The response head ``raw`` (status line and fields, without the empty line that ends
-    them) of a response to a GET."""
-    text = raw.decode("latin-1")
-    status_end = text.find("\r\n")
-    if status_end < 0:
-        status_end = len(text)
-    status_line = _STATUS_LINE.fullmatch(text, 0, status_end)
-    if status_line is None:
-        raise MalformedResponse("not an HTTP/1.x status line")
-    # Every line a field: no obs-fold (a line starting with whitespace), no whitespace before
-    # the colon, no bare CR or LF inside a line (RFC 9112 §5.1, §5.2).
-    if not _FIELDS_IN.fullmatch(text, status_end):
-        raise MalformedResponse("malformed header field")
-    headers = CIMultiDictProxy(CIMultiDict(_FIELD_IN.findall(text, status_end)))
-    http11 = status_line[1] == "1"
-    status = int(status_line[2])
-    keep_alive = http11 and (
-        "Connection" not in headers or "close" not in _tokens(headers.getall("Connection"))
-    )
-    if status == 101:
-        raise MalformedResponse("switching protocols, which was not asked for")
-    if status < 200 or status in (204, 304):
-        return ResponseHead(status, headers, Framing.NONE, 0, keep_alive)
-    if "Content-Encoding" in headers:
-        codings = _tokens(headers.getall("Content-Encoding"))
-        if codings - {"identity"}:
-            # The proxy asks for identity only (Accept-Encoding) and reads what it forwards.
-            raise MalformedResponse(f"content coding {sorted(codings)} was not asked for")
-    if "Transfer-Encoding" in headers:
-        if "Content-Length" in headers:
-            raise MalformedResponse("both Transfer-Encoding and Content-Length")
-        transfer = ",".join(headers.getall("Transfer-Encoding"))
-        if [t.strip(" \t").lower() for t in transfer.split(",")] != ["chunked"]:
-            raise MalformedResponse("a transfer coding other than chunked")
-        return ResponseHead(status, headers, Framing.CHUNKED, 0, keep_alive)
-    if "Content-Length" in headers:
-        # A list of one repeated value is one value (RFC 9110 §8.6).
-        lengths = ",".join(headers.getall("Content-Length")).split(",")
-        length_text = lengths[0].strip(" \t")
-        if any(v.strip(" \t") != length_text for v in lengths[1:]):
-            raise MalformedResponse("conflicting Content-Length values")
-        if not length_text.isascii() or not length_text.isdigit() or len(length_text) > 18:
-            raise MalformedResponse("invalid Content-Length")
-        return ResponseHead(status, headers, Framing.LENGTH, int(length_text), keep_alive)
-    # Neither: the body is what arrives until the upstream closes the connection.
-    return ResponseHead(status, headers, Framing.CLOSE, 0, False)
-
-
-def _tokens(values: Iterable[str]) -> set[str]:
-    return {t.strip(" \t").lower() for v in values for t in v.split(",")} - {""}
-
-
 class BodyTooLarge(ValueError):
     """A body longer than the reader's limit."""
 
 
-class ChunkedReader:
-    """A chunked body (RFC 9112 §7.1) decoded from a buffer as it fills.
+class _Trailing(Exception):
+    """Bytes after the end of the final response (raised to stop llhttp there)."""
 
-    :meth:`advance` is called with the connection's whole buffer each time more arrived; it
-    decodes what it can and says whether the body is complete. :attr:`consumed` is how many
-    bytes of the buffer the body took (the rest belongs to no response).
+
+class ResponseReader:
+    """The response to one GET, read from its connection's bytes as they arrive.
+
+    :meth:`feed` is called with every piece received and says when the final response is
+    complete (1xx responses are skipped); :meth:`at_eof` when the connection ended. Then
+    :attr:`status`, :attr:`headers` and :attr:`body` are the response's, :attr:`keep_alive`
+    whether the connection may carry another request, and :attr:`trailing` whether bytes
+    followed the response (the connection must then not be reused: they belong to no request).
+
+    Sizes are bounded while the bytes arrive: a head's fields at most :data:`MAX_HEAD` (and so
+    the trailer section), the body at most ``limit`` (a ``Content-Length`` over it is refused
+    before the body arrives), and the bytes that are no body at all — heads, chunk framing,
+    trailers — at most :data:`MAX_HEAD` per head seen, one more for the trailers, and
+    ``_MAX_CHUNK_LINE`` per chunk: an upstream cannot keep the reader busy without a body.
     """
 
+    __slots__ = (
+        "_body",
+        "_chunks",
+        "_fed",
+        "_fields",
+        "_framed",
+        "_head_bytes",
+        "_interim",
+        "_limit",
+        "_parser",
+        "_size",
+        "complete",
+        "headers",
+        "keep_alive",
+        "status",
+        "trailing",
+    )
+
     def __init__(self, *, limit: int) -> None:
+        self._parser = httptools.HttpResponseParser(self)
         self._limit = limit
-        self._chunks: list[bytes] = []
+        self._fields: list[tuple[str, str]] = []
+        self._head_bytes = 0
+        self._body: list[bytes] = []
         self._size = 0
-        self.consumed = 0
-        self._data_left = -1  # bytes of the current chunk still to read; -1: a size line next
-        self._in_trailers = False
-        self._trailers_start = 0
+        self._fed = 0
+        self._chunks = 0
+        self._interim = 0
+        self._framed: bool | None = None
+        """Whether the body's end is framed (length, chunks, none); False: at the close."""
+        self.status = 0
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self.keep_alive = False
+        self.complete = False
+        self.trailing = False
+
+    @property
+    def started(self) -> bool:
+        """Whether any byte of an answer arrived."""
+        return self._fed > 0
 
     @property
     def body(self) -> bytes:
-        return b"".join(self._chunks)
+        return b"".join(self._body)
 
-    def compact(self, buffer: bytearray) -> None:
-        """Drop the bytes decoded so far from the front of ``buffer``."""
-        del buffer[: self.consumed]
-        self.consumed = 0
-
-    def advance(self, buffer: bytes | bytearray) -> bool:
-        """Decode ``buffer[consumed:]`` as far as it goes; True once the body is complete.
-        Raises :class:`MalformedResponse` or :class:`BodyTooLarge`."""
-        pos = self.consumed
-        end = len(buffer)
+    def feed(self, data: bytes) -> bool:
+        """Read ``data``, the next bytes of the connection; True once the final response is
+        complete. Raises :class:`MalformedResponse` or :class:`BodyTooLarge`."""
+        if self.complete:
+            self.trailing = True
+            return True
+        if not self._fed and not data.startswith(b"HTTP/1."[: len(data)]):
+            raise MalformedResponse("not an HTTP/1.x status line")
+        self._fed += len(data)
         try:
-            while True:
-                if self._in_trailers:
-                    # Trailer fields are not used: each line is skipped, an empty one ends them.
-                    line_end = buffer.find(b"\r\n", pos, self._trailers_start + MAX_HEAD)
-                    if line_end < 0:
-                        if end - self._trailers_start >= MAX_HEAD:
-                            raise MalformedResponse("chunked trailer section too large")
-                        return False
-                    done = line_end == pos
-                    pos = line_end + 2
-                    if done:
-                        return True
-                    continue
-                if self._data_left < 0:
-                    line_end = buffer.find(b"\r\n", pos, pos + _MAX_CHUNK_LINE)
-                    if line_end < 0:
-                        if end - pos >= _MAX_CHUNK_LINE:
-                            raise MalformedResponse("chunk-size line too long")
-                        return False
-                    size_line = _CHUNK_SIZE.fullmatch(buffer, pos, line_end)
-                    if size_line is None:
-                        raise MalformedResponse("malformed chunk-size line")
-                    size = int(size_line[1], 16)
-                    pos = line_end + 2
-                    if size == 0:
-                        self._in_trailers = True
-                        self._trailers_start = pos
-                        continue
-                    self._size += size
-                    if self._size > self._limit:
-                        raise BodyTooLarge(f"body larger than {self._limit} bytes")
-                    self._data_left = size
-                if end - pos < self._data_left + 2:
-                    return False
-                data_end = pos + self._data_left
-                if buffer[data_end : data_end + 2] != b"\r\n":
-                    raise MalformedResponse("chunk data not followed by CRLF")
-                self._chunks.append(bytes(buffer[pos:data_end]))
-                pos = data_end + 2
-                self._data_left = -1
-        finally:
-            self.consumed = pos
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _Trailing):
+                self.trailing = True
+            elif isinstance(cause, MalformedResponse | BodyTooLarge):
+                raise cause from None
+            else:
+                raise MalformedResponse(str(e)) from e
+        except httptools.HttpParserUpgrade as e:
+            raise MalformedResponse("switching protocols, which was not asked for") from e
+        except httptools.HttpParserError as e:
+            if not self._ended():
+                raise MalformedResponse(str(e)) from e
+            self.trailing = True  # e.g. data after a response that closes the connection
+        if not self._ended():
+            heads = self._interim + (2 if self._framed is not None else 1)
+            if self._fed - self._size > MAX_HEAD * heads + _MAX_CHUNK_LINE * self._chunks:
+                raise MalformedResponse(
+                    "response head too large" if self._framed is None else "too much framing"
+                )
+        return self._ended()
+
+    def _ended(self) -> bool:
+        """:attr:`complete`, as llhttp's callbacks may just have set it."""
+        return self.complete
+
+    def at_eof(self) -> bool:
+        """The connection ended in good order: whether that completes the response (a body
+        that ends at the close)."""
+        if not self.complete and self._framed is False:
+            self.complete = True
+        return self.complete
+
+    # llhttp's callbacks (httptools calls them by name) -----------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Trailing()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Field values lose their surrounding whitespace (RFC 9112 §5.1); llhttp drops the
+        # leading part. Fields of a chunked body's trailer section are counted, not kept.
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD:
+            raise MalformedResponse(
+                "response head too large" if self._framed is None else "trailer section too large"
+            )
+        if self._framed is None:
+            self._fields.append((name.decode("latin-1"), value.decode("latin-1").rstrip(_OWS)))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if parser.get_http_version() not in ("1.0", "1.1") or not 100 <= status <= 599:
+            raise MalformedResponse("not an HTTP/1.x status line")
+        if status == 101:
+            raise MalformedResponse("switching protocols, which was not asked for")
+        headers = CIMultiDictProxy(CIMultiDict(self._fields))
+        self._fields = []
+        self._head_bytes = 0
+        if status < 200:
+            return  # an interim response: its fields say nothing about the final one
+        self.status, self.headers = status, headers
+        self.keep_alive = parser.get_http_version() == "1.1" and (
+            "close" not in _tokens(headers.getall("Connection", ()))
+        )
+        if status in (204, 304):
+            self._framed = True
+            return
+        if "Content-Encoding" in headers:
+            codings = _tokens(headers.getall("Content-Encoding"))
+            if codings - {"identity"}:
+                # The proxy asks for identity only (Accept-Encoding) and reads what it forwards.
+                raise MalformedResponse(f"content coding {sorted(codings)} was not asked for")
+        if "Transfer-Encoding" in headers:
+            if "Content-Length" in headers:
+                raise MalformedResponse("both Transfer-Encoding and Content-Length")
+            transfer = ",".join(headers.getall("Transfer-Encoding"))
+            if [t.strip(_OWS).lower() for t in transfer.split(",")] != ["chunked"]:
+                raise MalformedResponse("a transfer coding other than chunked")
+            self._framed = True
+        elif "Content-Length" in headers:
+            # llhttp accepted one Content-Length of decimal digits only.
+            if int(headers["Content-Length"]) > self._limit:
+                raise BodyTooLarge(f"body larger than {self._limit} bytes")
+            self._framed = True
+        else:
+            # Neither: the body is what arrives until the upstream closes the connection.
+            self._framed = False
+            self.keep_alive = False
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self._limit:
+            raise BodyTooLarge(f"body larger than {self._limit} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._framed is None:  # an interim response ended
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise MalformedResponse(f"more than {MAX_INTERIM} interim responses")
+            return
+        self.complete = True
+
+
+def _tokens(values: Iterable[str]) -> set[str]:
+    return {t.strip(_OWS).lower() for v in values for t in v.split(",")} - {""}

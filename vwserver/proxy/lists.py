@@ -39,8 +39,9 @@ of, a stray holder label) leave it short — further pages of at least ``listPag
 page holds an entry, :data:`FILL_ROUNDS` reads in all plus the second stream's first page (then
 a short page with a token, which the list contract allows), and the one re-read:
 :data:`MAX_UPSTREAM_PAGES`. A client that
-pages nothing is served by paging each stream with ``listPageSize`` and writing the merged
-entries as they come (memory: two pages per stream).
+pages nothing is served by paging each stream — ``listPageSize`` first, then pages that double,
+bounded in objects and bytes (:func:`next_page_size`: kcp's cost grows with the number of
+pages) — and writing the merged entries as they come (memory: two pages per stream).
 
 Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
 went out, the connection is aborted rather than closed cleanly, so the client sees a broken
@@ -78,7 +79,6 @@ from vwserver.proxy.filtering import (
     decode_page,
     list_fields,
     list_header,
-    shows,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -100,6 +100,13 @@ MAX_UPSTREAM_PAGES: Final = FILL_ROUNDS + 2
 objects the slice does not see before its first entry: the held stream's first page, the fill
 rounds (the selected stream's first page among them), and one re-read of the beginning of the
 upstream page the client's page ends in (for kcp's continue token after its last entry)."""
+
+PAGE_BYTES: Final = 4 * 2**20
+"""Bytes an upstream page of a LIST the proxy pages itself may grow to (at the bytes per object
+of the page before): at most two pages per stream are held at once (one written, the next read)."""
+MAX_PAGE: Final = 10_000
+"""Objects per upstream page at most, however small they are (the decoded metadata of a page
+is held too)."""
 
 SELECTED: Final = "selected"
 HELD: Final = "held"
@@ -256,11 +263,7 @@ class _Lister:
         else:
             # A slice that records no holds sees an object by its selector (and the holds of
             # others): the plain check, as for a watch kcp answers.
-            shown = [
-                (i, e)
-                for i, (e, meta) in enumerate(zip(page.entries, page.metas, strict=True))
-                if meta is not None and shows(self.selected, member, meta)
-            ]
+            shown = page.indexed_visible(self.selected, member)
         if st.kind == HELD:
             metas, selected = page.metas, self.selected.matches
             shown = [(i, e) for i, e in shown if not selected(_labels(metas[i]))]
@@ -385,7 +388,6 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
                 await response.write(chunk)
         else:
             await _stream_all(lister, streams, response, writer)
-        await response.write(writer.end())
     except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
         # Caught here, not in the handler: count it as the upstream error it is.
         kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
@@ -393,7 +395,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
         _abort(ctx.request)
         return response
-    await response.write_eof()
+    await response.write_eof(writer.end())  # the list's end and the chunked end: one write
     return response
 
 
@@ -441,19 +443,26 @@ async def _stream_all(
     lister: _Lister, streams: list[_Stream], response: web.StreamResponse, writer: _ListWriter
 ) -> None:
     """Every entry the client gets, merged from ``streams`` page by page (``listPageSize``
-    each) and written as it comes; each stream's next page is read while the proxy filters and
-    writes the current one (at most two pages per stream are held)."""
+    first, then growing: :func:`next_page_size`) and written as it comes; each stream's next
+    page is read while the proxy filters and writes the current one (at most two pages per
+    stream are held)."""
     ctx = lister.ctx
+    sizes = {st.kind: ctx.page_size for st in streams}
 
-    def prefetch(st: _Stream) -> None:
+    async def prefetch(st: _Stream) -> None:
         if st.more:
-            asked = [*st.later, ("limit", str(ctx.page_size)), ("continue", st.page.continue_token)]
+            size = sizes[st.kind] = next_page_size(sizes[st.kind], st.page, floor=ctx.page_size)
+            asked = [*st.later, ("limit", str(size)), ("continue", st.page.continue_token)]
             st.following = asyncio.ensure_future(_fetch(ctx, lister.url, asked, lister.headers))
+            # A task runs only once this coroutine waits, and filtering and writing a page may
+            # not wait at all (the client's socket takes it): let it send its request now, or
+            # the upstream would start on the next page only after this one.
+            await asyncio.sleep(0)
 
-    for st in streams:
-        prefetch(st)
     out: list[bytes] = []
     try:
+        for st in streams:
+            await prefetch(st)
         while True:
             for st in streams:
                 while st.exhausted and st.following is not None:
@@ -463,7 +472,7 @@ async def _stream_all(
                     start = st.page.continue_token
                     page, st.following = await st.following, None
                     lister.load(st, _Read(page, start))
-                    prefetch(st)
+                    await prefetch(st)
             run = _next_run(streams)
             if run is None:
                 break
@@ -504,9 +513,28 @@ async def serve_apibindings_list(ctx: ProxyRequest) -> web.StreamResponse:
     )
     if ctx.representation.yaml:
         headers["Content-Type"] = YAML_CONTENT_TYPE
-    return web.Response(
-        status=200, body=writer.entries(page.entries) + writer.end(), headers=headers
-    )
+    return web.Response(status=200, body=writer.entries(page.entries, last=True), headers=headers)
+
+
+def next_page_size(asked: int, page: Page, *, floor: int) -> int:
+    """The limit of the next upstream page of a LIST the proxy pages itself, after ``page``
+    (read with limit ``asked``): twice ``asked``, at most what fits :data:`PAGE_BYTES` at
+    ``page``'s bytes per object and :data:`MAX_PAGE`, never below ``floor`` (``listPageSize``,
+    the first page's).
+
+    Why grow: every page is a LIST of its own for kcp, and many small pages multiply its cost
+    (at 100,000 objects, paging at 500 cost kcp 4 times its unpaged LIST; at 10,000 objects,
+    5,000 selected, two quick runs on a loaded 2-core machine gave 1.05 to 1.98 times at 500
+    and 0.84 to 1.14 times at 1,000 to 5,000). Doubling keeps the first answer quick and the
+    upstream's next page overlapping the proxy's work on this one, while the number of pages
+    grows with the logarithm of the list (5,000 objects: 4 pages instead of 10; 50,000: 9
+    instead of 100); the byte bound keeps memory at two pages of a few MiB whatever the object
+    count."""
+    received = len(page.entries) + page.out_of_scope
+    grown = min(2 * asked, MAX_PAGE)
+    if received:
+        grown = min(grown, max(1, PAGE_BYTES * received // max(page.size, 1)))
+    return max(grown, floor)
 
 
 class _ListWriter:
@@ -533,22 +561,29 @@ class _ListWriter:
         self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
         self._empty = yamlout.empty_list_parts(fields, entries_key=key)
 
-    def entries(self, visible: Sequence[bytes | msgspec.Raw]) -> bytes:
+    def entries(self, visible: Sequence[bytes | msgspec.Raw], *, last: bool = False) -> bytes:
+        """The bytes of ``visible`` in the response (after the opening, for the first entries),
+        and with ``last`` the list's end after them — copied once, in one join."""
         if not visible:
-            return b""
-        raws: list[bytes | msgspec.Raw] = (
+            return self.end() if last else b""
+        parts: list[bytes | msgspec.Raw] = (
             [strip_row_object(r) for r in visible] if self._strip else list(visible)
         )
         if self._yaml:
-            body = b"".join(yamlout.entry(r) for r in raws)
-        else:
-            body = b",".join(raws)
-            if not self._first:
-                body = b"," + body
-        if self._first:
-            body = self._head + body
+            parts = [yamlout.entry(r) for r in parts]
+            if self._first:
+                parts.insert(0, self._head)
+            if last:
+                parts.append(self._tail)
             self._first = False
-        return body
+            return b"".join(parts)
+        # Joined with "," in one pass: the opening (or the separator from the page before)
+        # goes before the first entry, the end after the last.
+        parts[0] = b"".join((self._head if self._first else b",", parts[0]))
+        if last:
+            parts[-1] = b"".join((parts[-1], self._tail))
+        self._first = False
+        return b",".join(parts)
 
     def end(self) -> bytes:
         if self._first:  # no entry at all
