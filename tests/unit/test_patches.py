@@ -171,7 +171,9 @@ KCP_APPLIES = [
     ({"a": 1}, [{"op": "replace", "path": "", "value": {"b": 2}}], {"b": 2}),
     # numbers read back as kcp decodes them
     ({}, [{"op": "add", "path": "/a", "value": 1.0}], {"a": 1}),
-    ({}, [{"op": "add", "path": "/a", "value": 2**64}], {"a": 18446744073709551616}),
+    ({}, [{"op": "add", "path": "/a", "value": 2**64}], {"a": 18446744073709552000}),
+    # Go writes an integral float64 with its shortest digits, in fixed notation below 1e21
+    ({}, [{"op": "add", "path": "/a", "value": 4.230719716055601e16}], {"a": 42307197160556010}),
 ]
 
 

@@ -261,7 +261,9 @@ def _settled(value: Any) -> Any:
             return value
         value = float(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)
+        # Go writes it in fixed notation with its shortest digits: 4.230719716055601e16 is
+        # 42307197160556010, not the float's exact value 42307197160556008.
+        return int(_go_float(value))
     return value
 
 
