@@ -115,14 +115,16 @@ async def serving(
     cache: bool = False,
     max_slices_per_workspace: int = 50,
     max_exports_per_workspace: int = 20,
+    api_location: dict[str, Any] | None = None,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
     slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
     ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https; ``cache``:
     serve LIST and WATCH from the shared watch cache, with holds, as a deployed vwserver does).
     The controller has its tenants' connection pool, as ``vwserver serve`` builds it, and the
-    caps given."""
-    api_ws = await install_api(kcp, workspace=API_WS)
+    caps given. ``api_location``: the ``spec.location.selector`` of vwserver's API workspace (a
+    sharded kcp)."""
+    api_ws = await install_api(kcp, workspace=API_WS, selector=api_location)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
