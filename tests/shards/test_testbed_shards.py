@@ -4,6 +4,7 @@ APIExport virtual workspace answers for a consumer cluster that lives on the oth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -82,3 +83,56 @@ async def test_a_shards_vw_serves_only_the_consumers_on_that_shard(
         code, body = await _get(w, _widgets(w, vw, elsewhere.cluster))
         observe(f"VW of {shard}, cluster {elsewhere.name} of the other shard: {code} {body}")
         assert (code, body["kind"], body["reason"]) == (403, "Status", "Forbidden")
+
+
+async def _token_review(w: ShardedWorld, where: str, token: str) -> dict[str, Any]:
+    review = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token},
+    }
+    url = f"{where}/apis/authentication.k8s.io/v1/tokenreviews"
+    async with (
+        w.bed.front.http_session(timeout=20) as session,
+        session.post(url, json=review) as resp,
+    ):
+        assert resp.status == 201, await resp.text()
+        status: dict[str, Any] = (await resp.json()).get("status") or {}
+        return status
+
+
+async def test_a_service_account_token_is_reviewed_in_any_workspace_through_the_front_proxy(
+    sharded_world: ShardedWorld, observe: Observe
+) -> None:
+    """A ServiceAccount token of a workspace on the root shard, reviewed (TokenReview through
+    the front-proxy) in its own workspace and in a workspace on the second shard — where
+    vwserver reviews a caller's token: in the slice's workspace. Every shard has the same
+    service-account signing key (as kcp's sharded setup requires). kcp v0.32.3: the second shard
+    authenticates it too, as the same user, with the token's home cluster in the extras
+    (``authentication.kcp.io/cluster-name``, scope ``cluster:<home>``), which a
+    SubjectAccessReview in another workspace honours (a scoped token)."""
+    w = sharded_world
+    front = w.bed.front
+    home = w.consumer_on(ROOT_SHARD)
+    await front.kubectl(
+        "apply", "-f", "-", server=home.url, input=json.dumps(_service_account("reviewer"))
+    )
+    token = (await front.kubectl("create", "token", "reviewer", server=home.url)).stdout.strip()
+    own = await _token_review(w, front.cluster_url(home.cluster), token)
+    other = await _token_review(w, front.cluster_url(w.slices.cluster), token)
+    observe(f"SA token of {home.name} (root shard): own workspace {own}")
+    observe(f"... reviewed in {w.slices.name} (second shard): {other}")
+    for status in (own, other):
+        assert status.get("authenticated") is True
+        assert status["user"]["username"] == "system:serviceaccount:default:reviewer"
+        extra = status["user"]["extra"]
+        assert extra["authentication.kcp.io/cluster-name"] == [home.cluster]
+        assert extra["authentication.kcp.io/scopes"] == [f"cluster:{home.cluster}"]
+
+
+def _service_account(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": "default"},
+    }
