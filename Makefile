@@ -32,7 +32,7 @@ go-clients:
 	@scripts/go/build.sh vwprovider >/dev/null
 
 run: setup
-	$(BIN)/python -m devenv.demo
+	$(BIN)/python -m devenv.demo $(if $(SHARDS),--shards=$(SHARDS))
 
 run-sync: setup
 	$(BIN)/python -m devenv.seed_story
