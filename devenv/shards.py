@@ -79,6 +79,8 @@ SHARD_NAMES = (ROOT_SHARD, SECOND_SHARD)
 ADMIN_GROUP = "system:kcp:admin"
 """kcp's bootstrap group of full admins (``bootstrap.SystemKcpAdminGroup``)."""
 COMMANDS = ("kcp", "cache-server", "kcp-front-proxy")
+PORT_ATTEMPTS = 3
+"""Bring-ups tried when a process loses a chosen port to another process before binding it."""
 
 
 def on_shard(shard: str) -> dict[str, Any]:
@@ -409,31 +411,22 @@ def write_users_file(path: Path, *, admin_token: str, demo_users: Path | None) -
     return path
 
 
-@contextlib.asynccontextmanager
-async def start_sharded_kcp(
-    *,
-    binaries: Mapping[str, Path],
-    root_dir: Path | None = None,
-    demo_users: Path | None = DEMO_USERS_FILE,
-    ready_timeout: float = 180.0,
-    stop_grace: float = 20.0,
-) -> AsyncIterator[ShardedKcp]:
-    """Run cache server, root shard, second shard and front-proxy for the ``async with`` block.
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    cache: KcpProcess
+    processes: dict[str, KcpProcess]
+    front: KcpProcess
+    admin_kubeconfig: Path
+    kubeconfigs: Path
 
-    ``root_dir``: where everything is written (kept afterwards, with each server's log); without
-    it a temporary directory, removed on stop. Every process is stopped on exit, whatever
-    happened; every wait is bounded by ``ready_timeout`` seconds.
-    """
-    started = time.monotonic()
-    base = Path(tempfile.mkdtemp(prefix="vwserver-shards-")) if root_dir is None else root_dir
-    remove = root_dir is None
-    pki = make_pki(base / "pki")
-    admin_token = secrets.token_urlsafe(24)
-    users = write_users_file(base / "users.csv", admin_token=admin_token, demo_users=demo_users)
 
+def _layout(
+    base: Path, *, binaries: Mapping[str, Path], pki: Pki, users: Path, admin_token: str
+) -> _Layout:
+    """The processes of one bring-up in ``base`` (ports chosen now) and their kubeconfigs."""
     cache = CacheServerProcess(binary=binaries["cache-server"], root_dir=base / "cache", pki=pki)
     shard_dirs = {name: base / name for name in SHARD_NAMES}
-    # Ports first (all at once, distinct), then the flags that name them.
+    # Each process picks its free ports when it is made; the flags below name them.
     (front_port,) = free_ports(1)
     front_url = f"https://127.0.0.1:{front_port}"
     kubeconfigs = base / "kubeconfigs"
@@ -509,6 +502,44 @@ async def start_sharded_kcp(
         token=admin_token,
     )
 
+    return _Layout(
+        cache=cache,
+        processes=processes,
+        front=front,
+        admin_kubeconfig=admin_kubeconfig,
+        kubeconfigs=kubeconfigs,
+    )
+
+
+def _port_clash(process: KcpProcess) -> bool:
+    """Whether the process died because another took one of its ports (a port is free when it
+    is chosen, and can be taken by anyone on the machine until the process binds it)."""
+    return process.returncode is not None and "address already in use" in process.log_tail(200)
+
+
+@contextlib.asynccontextmanager
+async def start_sharded_kcp(
+    *,
+    binaries: Mapping[str, Path],
+    root_dir: Path | None = None,
+    demo_users: Path | None = DEMO_USERS_FILE,
+    ready_timeout: float = 180.0,
+    stop_grace: float = 20.0,
+) -> AsyncIterator[ShardedKcp]:
+    """Run cache server, root shard, second shard and front-proxy for the ``async with`` block.
+
+    ``root_dir``: where everything is written (kept afterwards, with each server's log); without
+    it a temporary directory, removed on stop. Every process is stopped on exit, whatever
+    happened; every wait is bounded by ``ready_timeout`` seconds.
+    """
+    started = time.monotonic()
+    base = Path(tempfile.mkdtemp(prefix="vwserver-shards-")) if root_dir is None else root_dir
+    remove = root_dir is None
+    pki = make_pki(base / "pki")
+    admin_token = secrets.token_urlsafe(24)
+    users = write_users_file(base / "users.csv", admin_token=admin_token, demo_users=demo_users)
+
+    layout: _Layout | None = None
     started_processes: list[KcpProcess] = []
 
     async def run(process: KcpProcess) -> None:
@@ -517,10 +548,30 @@ async def start_sharded_kcp(
         await process.wait_ready(timeout=ready_timeout)
 
     try:
-        await run(cache)
-        await run(processes[ROOT_SHARD])
-        await run(processes[SECOND_SHARD])
-        await run(front)
+        for attempt in range(PORT_ATTEMPTS):
+            layout = _layout(
+                base / f"bed-{attempt}",
+                binaries=binaries,
+                pki=pki,
+                users=users,
+                admin_token=admin_token,
+            )
+            try:
+                await run(layout.cache)
+                await run(layout.processes[ROOT_SHARD])
+                await run(layout.processes[SECOND_SHARD])
+                await run(layout.front)
+                break
+            except KcpError:
+                clash = any(_port_clash(p) for p in started_processes)
+                for process in reversed(started_processes):
+                    await process.stop(grace=stop_grace)
+                started_processes.clear()
+                if not clash or attempt == PORT_ATTEMPTS - 1:
+                    raise
+        assert layout is not None
+        cache, processes, front = layout.cache, layout.processes, layout.front
+        admin_kubeconfig, kubeconfigs = layout.admin_kubeconfig, layout.kubeconfigs
         instance = KcpInstance.from_kubeconfig(
             admin_kubeconfig, workdir=base, context=ADMIN_CONTEXT, process=front
         )
