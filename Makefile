@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
 	@touch $@
 
-# Builds kcp once per version into ~/.cache/vwserver (see scripts/kcp/build.sh).
+# Builds kcp (and the pieces of a sharded kcp: cache-server, kcp-front-proxy; tests/shards) once
+# per version into ~/.cache/vwserver (see scripts/kcp/build.sh).
 kcp:
-	@scripts/kcp/build.sh >/dev/null
+	@scripts/kcp/build.sh --sharded >/dev/null
 
 # Builds the Go test clients (clients/go) and the example provider (clients/go/provider) into
 # ~/.cache/vwserver (see scripts/go/build.sh).
@@ -31,7 +32,7 @@ go-clients:
 	@scripts/go/build.sh vwprovider >/dev/null
 
 run: setup
-	$(BIN)/python -m devenv.demo
+	$(BIN)/python -m devenv.demo $(if $(SHARDS),--shards=$(SHARDS))
 
 run-sync: setup
 	$(BIN)/python -m devenv.seed_story

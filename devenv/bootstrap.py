@@ -191,18 +191,28 @@ async def bootstrap(
     manifests: Path = DEMO_DIR,
     users_file: Path | None = DEMO_USERS_FILE,
     wait_timeout: float = 120.0,
+    locations: Mapping[str, Mapping[str, Any]] | None = None,
+    endpoints: int = 1,
 ) -> Bootstrap:
     """Create (or confirm) the demo world on ``kcp``; every wait is bounded by ``wait_timeout``.
 
     ``users_file``: the token file kcp was started with; each user in it is checked with a
     TokenReview, and a kcp that does not know them is an error (start kcp with that file).
+    ``locations`` (a sharded kcp): the ``spec.location.selector`` of each workspace by name (the
+    workspaces are then made here instead of from ``workspaces.yaml``); ``endpoints``: how many
+    endpoint URLs (shards with a binding) the export's APIExportEndpointSlice must list.
     """
     started = time.monotonic()
     root = kcp.cluster_url("root")
 
     # 1. Workspaces, and their logical-cluster IDs.
-    await apply_retrying(kcp, root, manifests / "workspaces.yaml", within=wait_timeout)
     names = (PROVIDER, *CONSUMERS)
+    if locations is None:
+        await apply_retrying(kcp, root, manifests / "workspaces.yaml", within=wait_timeout)
+    else:
+        docs = [workspace_manifest(name, selector=locations.get(name)) for name in names]
+        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+        await apply_retrying(kcp, root, doc, within=wait_timeout)
     ready = await asyncio.gather(
         *(wait_workspace_ready(kcp, name, within=wait_timeout) for name in names)
     )
@@ -237,9 +247,13 @@ async def bootstrap(
     )
 
     # 4. The endpoint slice lists a shard's VW URL once a binding exists on that shard.
+    async def published() -> tuple[str, ...] | None:
+        urls = await _endpoint_urls(kcp, provider.url)
+        return urls if urls is not None and len(urls) >= endpoints else None
+
     vw_urls = await poll(
-        f"APIExportEndpointSlice {EXPORT_NAME} endpoint URLs",
-        lambda: _endpoint_urls(kcp, provider.url),
+        f"APIExportEndpointSlice {EXPORT_NAME} endpoint URLs ({endpoints})",
+        published,
         within=wait_timeout,
     )
 
@@ -256,8 +270,7 @@ async def bootstrap(
         await apply_retrying(kcp, ws.url, doc, within=wait_timeout)
 
     # 6. The VW may be published before it serves (early 404s): wait until it lists everything.
-    for url in vw_urls:
-        await _wait_vw_serves(kcp, url, consumers, expected=len(widgets), within=wait_timeout)
+    await _wait_vw_serves(kcp, vw_urls, consumers, expected=len(widgets), within=wait_timeout)
 
     tokens = await _verified_tokens(kcp, users_file) if users_file is not None else {}
     return Bootstrap(
@@ -366,33 +379,63 @@ async def apply_retrying(
 
 async def _wait_vw_serves(
     kcp: KcpInstance,
-    vw_url: str,
+    vw_urls: Sequence[str],
     consumers: Sequence[Workspace],
     *,
     expected: int,
     within: float,
 ) -> None:
-    """Until the wildcard list shows all ``expected`` widgets and each consumer answers 200."""
-    urls = [f"{vw_url}/clusters/*/apis/{GROUP}/{VERSION}/{RESOURCE}"]
-    urls += [
-        f"{vw_url}/clusters/{ws.cluster}/apis/{GROUP}/{VERSION}/{RESOURCE}" for ws in consumers
-    ]
+    """Until the wildcard lists of ``vw_urls`` together show all ``expected`` widgets and each
+    consumer answers 200 at one of them. With several shards each VW serves only the consumers
+    on its own shard, so the widgets add up across the URLs (with one URL: that one lists all)."""
+    path = f"apis/{GROUP}/{VERSION}/{RESOURCE}"
     async with kcp.http_session(timeout=10) as session:
 
+        async def status_and_items(url: str) -> tuple[int, int]:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return resp.status, 0
+                    return 200, len((await resp.json()).get("items", []))
+            except (aiohttp.ClientError, TimeoutError):
+                return 0, 0
+
         async def probe() -> bool | None:
-            for url in urls:
-                try:
-                    async with session.get(url) as resp:
-                        if resp.status != 200:
-                            return None
-                        body = await resp.json()
-                except (aiohttp.ClientError, TimeoutError):
+            total = 0
+            for vw in vw_urls:
+                code, items = await status_and_items(f"{vw}/clusters/*/{path}")
+                if code != 200:
                     return None
-                if url == urls[0] and len(body.get("items", [])) < expected:
+                total += items
+            if total < expected:
+                return None
+            for ws in consumers:
+                answers = [
+                    (await status_and_items(f"{vw}/clusters/{ws.cluster}/{path}"))[0]
+                    for vw in vw_urls
+                ]
+                if 200 not in answers:
                     return None
             return True
 
-        await poll(f"APIExport VW {vw_url} to serve {expected} widgets", probe, within=within)
+        await poll(
+            f"APIExport VW(s) {', '.join(vw_urls)} to serve {expected} widgets",
+            probe,
+            within=within,
+        )
+
+
+def workspace_manifest(name: str, *, selector: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Workspace in ``root``; ``selector``: its ``spec.location.selector`` (over the Shard
+    objects' labels: which shard kcp schedules it onto)."""
+    doc: dict[str, Any] = {
+        "apiVersion": "tenancy.kcp.io/v1alpha1",
+        "kind": "Workspace",
+        "metadata": {"name": name},
+    }
+    if selector is not None:
+        doc["spec"] = {"location": {"selector": dict(selector)}}
+    return doc
 
 
 async def _verified_tokens(kcp: KcpInstance, users_file: Path) -> dict[str, str]:

@@ -53,11 +53,15 @@ from devenv.bootstrap import (
     poll,
 )
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from devenv.shards import ROOT_SHARD, SECOND_SHARD, build_sharded_kcp, on_shard, start_sharded_kcp
 from devenv.slices import KIND, bind_api, install_api, slice_manifest, wait_slice_ready
 from vwserver.files import write_private
+from vwserver.k8s.kcp import shard_id
 
 REPO = Path(__file__).resolve().parents[1]
 SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
+#: Where the sharded demo (``make run SHARDS=2``) places the workspaces.
+DEMO_PLACEMENT = {"provider": ROOT_SHARD, "consumer-a": ROOT_SHARD, "consumer-b": SECOND_SHARD}
 #: The workspace of vwserver's own APIExport in the demo.
 API_WORKSPACE = "vwserver"
 #: The slice user's grant (alice, slice ``prod``), applied in the provider workspace.
@@ -440,16 +444,59 @@ async def _wait_ready(
 # make run
 
 
-async def run(*, run_dir: Path, port: int) -> None:
-    binary = await asyncio.to_thread(build_kcp)
+@contextlib.asynccontextmanager
+async def demo_kcp(*, shards: int) -> AsyncIterator[tuple[KcpInstance, Bootstrap, list[str]]]:
+    """The demo's kcp and world: one kcp (``shards=1``), or a sharded kcp (``shards=2``,
+    :mod:`devenv.shards`) with the provider and consumer-a on the root shard and consumer-b on
+    the second shard; the last item: lines that describe the kcp."""
+    if shards == 1:
+        binary = await asyncio.to_thread(build_kcp)
+        async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
+            print(f"kcp ready at {kcp.url} after {kcp.ready_seconds:.1f}s; bootstrapping the demo")
+            yield kcp, await bootstrap(kcp), []
+        return
+    if shards != 2:
+        raise KcpError(f"the sharded demo has 2 shards, not {shards}")
+    binaries = await asyncio.to_thread(build_sharded_kcp)
+    async with start_sharded_kcp(binaries=binaries) as bed:
+        print(
+            f"sharded kcp ready after {bed.ready_seconds:.1f}s: front-proxy {bed.front.url}, "
+            + ", ".join(f"shard {s.name} {s.url}" for s in bed.shards.values())
+            + "; bootstrapping the demo"
+        )
+        world = await bootstrap(
+            bed.front,
+            locations={name: on_shard(shard) for name, shard in DEMO_PLACEMENT.items()},
+            endpoints=2,
+        )
+        lines = [f"{name:<10} on shard {shard}" for name, shard in DEMO_PLACEMENT.items()]
+        yield bed.front, world, lines
+
+
+async def endpoint_lines(kcp: KcpInstance, world: Bootstrap) -> list[str]:
+    """One line per endpoint URL of each demo slice (one per shard of the export), naming the
+    shard of the export's VW URL it serves."""
+    by_id = {shard_id(u): u for u in world.vw_urls}
+    lines = []
+    for name in SLICES:
+        status = (await get_json(kcp, world.provider.url, KIND, name)).get("status") or {}
+        for endpoint in status.get("endpoints") or []:
+            url = str(endpoint.get("url") or "")
+            _, found, sid = url.partition("/shards/")
+            upstream = by_id.get(sid, "?") if found else world.vw_urls[0]
+            lines.append(f"endpoint   {name}: {url}  (kcp VW {upstream})")
+    return lines
+
+
+async def run(*, run_dir: Path, port: int, shards: int = 1) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with start_kcp(binary=binary, token_auth_file=DEMO_USERS_FILE) as kcp:
-        print(f"kcp ready at {kcp.url} after {kcp.ready_seconds:.1f}s; bootstrapping the demo")
-        world = await bootstrap(kcp)
+    async with demo_kcp(shards=shards) as (kcp, world, placement):
         print(world.describe())
+        for line in placement:
+            print(line)
         async with serve_demo(kcp, world, run_dir=run_dir, port=port) as server:
             text = demo_text(
                 run_dir=shown_path(run_dir, Path.cwd()),
@@ -459,6 +506,8 @@ async def run(*, run_dir: Path, port: int) -> None:
                 endpoints=server.endpoints,
             )
             print(text, flush=True)
+            if shards > 1:
+                print("\n".join(await endpoint_lines(kcp, world)), flush=True)
             waiter = asyncio.ensure_future(server.process.wait())
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -476,15 +525,22 @@ def story_main(
     description: str | None,
     run_dir: Path,
     port: int,
+    shards_option: bool = False,
 ) -> int:
     """The command line of a development story (``make run``, ``make run-sync``): its run
-    directory and vwserver's port; a kcp failure is one line and exit code 1."""
+    directory and vwserver's port (``shards_option``: and ``--shards``, the story takes a
+    ``shards`` argument); a kcp failure is one line and exit code 1."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--run-dir", type=Path, default=run_dir)
     parser.add_argument("--port", type=int, default=port, help="vwserver port (if free)")
+    if shards_option:
+        parser.add_argument(
+            "--shards", type=int, choices=(1, 2), default=1, help="2: a sharded kcp"
+        )
     args = parser.parse_args(argv)
+    extra = {"shards": args.shards} if shards_option else {}
     try:
-        asyncio.run(story(run_dir=args.run_dir, port=args.port))
+        asyncio.run(story(run_dir=args.run_dir, port=args.port, **extra))
     except KcpError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -494,7 +550,7 @@ def story_main(
 def main(argv: list[str] | None = None) -> int:
     return story_main(
         run, argv, prog="python -m devenv.demo", description=__doc__, run_dir=REPO / ".run",
-        port=8443,
+        port=8443, shards_option=True,
     )  # fmt: skip
 
 

@@ -91,9 +91,17 @@ def build_kcp(*, script: Path = BUILD_SCRIPT, timeout: float = 3600.0) -> Path:
     The script's progress goes to stderr and is passed straight through to ours so a long first
     build shows signs of life; only stdout (the binary's path) is captured.
     """
+    return build_kcp_commands("kcp", script=script, timeout=timeout)["kcp"]
+
+
+def build_kcp_commands(
+    *commands: str, script: Path = BUILD_SCRIPT, timeout: float = 3600.0
+) -> dict[str, Path]:
+    """Build (or reuse) kcp's ``cmd/<command>`` for each command (``kcp``, ``cache-server``,
+    ``kcp-front-proxy``) with ``scripts/kcp/build.sh``; command -> binary path."""
     try:
         completed = subprocess.run(
-            [str(script)],
+            [str(script), *commands],
             stdout=subprocess.PIPE,
             stderr=None,
             stdin=subprocess.DEVNULL,
@@ -108,12 +116,13 @@ def build_kcp(*, script: Path = BUILD_SCRIPT, timeout: float = 3600.0) -> Path:
     if completed.returncode != 0:
         raise KcpError(f"{script} failed with exit code {completed.returncode} (see its stderr)")
     lines = completed.stdout.strip().splitlines()
-    if not lines:
-        raise KcpError(f"{script} printed no binary path")
-    binary = Path(lines[-1])
-    if not os.access(binary, os.X_OK):
-        raise KcpError(f"{script} printed {binary}, which is not an executable file")
-    return binary
+    if len(lines) < len(commands):
+        raise KcpError(f"{script} printed {len(lines)} binary paths for {len(commands)} commands")
+    binaries = dict(zip(commands, (Path(line) for line in lines[-len(commands) :]), strict=True))
+    for binary in binaries.values():
+        if not os.access(binary, os.X_OK):
+            raise KcpError(f"{script} printed {binary}, which is not an executable file")
+    return binaries
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,6 +257,13 @@ class KcpProcess:
         return self.root_dir / "admin.kubeconfig"
 
     @property
+    def ready_marker(self) -> Path | None:
+        """A file that must exist before the process counts as ready (kcp writes
+        ``admin.kubeconfig`` before it is ready, and clients need it); None: ``/readyz`` only.
+        Subclasses for kcp's other servers (devenv.shards) override it."""
+        return self.kubeconfig
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
@@ -289,7 +305,7 @@ class KcpProcess:
 
     # A built-in bound (not a caller-side asyncio.timeout) so that no caller can forget one.
     async def wait_ready(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Poll ``/readyz`` until it answers 200 and ``admin.kubeconfig`` exists."""
+        """Poll ``/readyz`` until it answers 200 and :attr:`ready_marker` exists."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         insecure = ssl.create_default_context()
@@ -307,7 +323,8 @@ class KcpProcess:
                 try:
                     async with session.get(f"{self.url}/readyz", ssl=insecure) as resp:
                         text = await resp.text()
-                        if resp.status == 200 and self.kubeconfig.exists():
+                        marker = self.ready_marker
+                        if resp.status == 200 and (marker is None or marker.exists()):
                             return
                         last = f"HTTP {resp.status}: {text[-300:]}"
                 except (aiohttp.ClientError, TimeoutError, OSError) as e:

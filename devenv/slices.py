@@ -13,6 +13,7 @@ demo and the tests prove those files work: :func:`slice_grant` (a user may use a
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from devenv.bootstrap import (
     get_json,
     poll,
     wait_workspace_ready,
+    workspace_manifest,
 )
 from devenv.kcp import KcpInstance
 from vwserver.controller import consent
@@ -36,13 +38,16 @@ API_EXPORT = "sync.edge-connect.eu"
 KIND = "filteredapiexportendpointslice"
 
 
-async def install_api(kcp: KcpInstance, *, workspace: str, within: float = 60.0) -> Workspace:
-    """Workspace ``root:<workspace>`` with vwserver's APIExport, ready to be bound."""
-    doc = {
-        "apiVersion": "tenancy.kcp.io/v1alpha1",
-        "kind": "Workspace",
-        "metadata": {"name": workspace},
-    }
+async def install_api(
+    kcp: KcpInstance,
+    *,
+    workspace: str,
+    within: float = 60.0,
+    selector: Mapping[str, Any] | None = None,
+) -> Workspace:
+    """Workspace ``root:<workspace>`` with vwserver's APIExport, ready to be bound
+    (``selector``: the workspace's ``spec.location.selector`` on a sharded kcp)."""
+    doc = workspace_manifest(workspace, selector=selector)
     await apply_retrying(kcp, kcp.cluster_url("root"), json.dumps(doc), within=within)
     ws = await wait_workspace_ready(kcp, workspace, within=within)
     await apply_retrying(kcp, ws.url, API_MANIFEST, within=within)

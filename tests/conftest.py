@@ -41,8 +41,9 @@ from devenv.bootstrap import DEMO_DIR, DEMO_USERS_FILE, Bootstrap, bootstrap
 from devenv.kcp import KcpError, KcpInstance, build_kcp, free_ports, start_kcp
 
 _HERE = Path(__file__).parent
-# tests/chaos runs a kcp of its own (it kills it), from the same binary
-_KCP_DIRS = (_HERE / "e2e", _HERE / "conformance", _HERE / "chaos")
+# tests/chaos runs a kcp of its own (it kills it), from the same binary; tests/shards a sharded
+# kcp of its own (tests/shards/conftest.py)
+_KCP_DIRS = (_HERE / "e2e", _HERE / "conformance", _HERE / "chaos", _HERE / "shards")
 _BINARY_KEY = pytest.StashKey[Path | str]()  # the binary, or why there is none
 
 

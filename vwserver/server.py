@@ -271,10 +271,15 @@ def upstream_notes(failing: Sequence[str], *, cache: CacheRegistry | None) -> li
     """
     lines = [f"upstream: {what}" for what in failing]
     health = watch_health(cache, None) if cache is not None else WatchHealth()
-    if health.failing:
+    if health.failing and cache is not None:
+        # Which shards: by the digest the metrics' ``shard`` label has (never kcp's address),
+        # so that with a sharded kcp the operator sees which shard is away.
+        shards = sorted(
+            {upstream_name(r.upstream).shard for r in cache.resources() if r.last_error}
+        )
         lines.append(
             f"upstream: the watch cache's upstream watches fail ({health.failing} of "
-            f"{health.total})"
+            f"{health.total}; shard {', '.join(shards)})"
         )
     return lines
 

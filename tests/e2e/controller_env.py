@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import ssl
 import uuid
@@ -38,6 +39,7 @@ from vwserver.metrics import ServerMetrics
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app
+from vwserver.server import watch_health as server_watch_health
 
 API_WS = "vwserver-api"
 T = TypeVar("T")
@@ -115,14 +117,18 @@ async def serving(
     cache: bool = False,
     max_slices_per_workspace: int = 50,
     max_exports_per_workspace: int = 20,
+    api_location: dict[str, Any] | None = None,
+    watch_health: bool = False,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
     slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
     ``ssl_context``: serve HTTPS with it, so the slices' endpoint URLs are https; ``cache``:
     serve LIST and WATCH from the shared watch cache, with holds, as a deployed vwserver does).
     The controller has its tenants' connection pool, as ``vwserver serve`` builds it, and the
-    caps given."""
-    api_ws = await install_api(kcp, workspace=API_WS)
+    caps given. ``api_location``: the ``spec.location.selector`` of vwserver's API workspace (a
+    sharded kcp); ``watch_health`` (with ``cache``): slices get the ``UpstreamReachable``
+    condition from the cache's watches, as ``vwserver serve`` has it."""
+    api_ws = await install_api(kcp, workspace=API_WS, selector=api_location)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
@@ -160,6 +166,11 @@ async def serving(
             ),
             tenant_client=tenants,
             metrics=metrics,
+            upstream_watches=(
+                functools.partial(server_watch_health, registry)
+                if watch_health and registry is not None
+                else None
+            ),
         )
         holder["c"] = controller
         task = asyncio.create_task(controller.run())

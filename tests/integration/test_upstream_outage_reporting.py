@@ -29,6 +29,7 @@ from vwserver.controller.slices import ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.metrics import upstream_name
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Routes
 from vwserver.server import build_app, watch_health
@@ -81,7 +82,8 @@ async def test_readyz_names_failing_upstream_watches_and_stays_ready() -> None:
                 assert text.splitlines() == [
                     "ok",
                     "upstream: the slice controller's watch of slices fails (1 of 1)",
-                    "upstream: the watch cache's upstream watches fail (1 of 1)",
+                    "upstream: the watch cache's upstream watches fail (1 of 1; shard "
+                    f"{upstream_name(UNREACHABLE).shard})",
                 ]
                 assert "127.0.0.1" not in text and "pods" not in text
                 # the slice condition's count: only the watches of the slice's export URLs

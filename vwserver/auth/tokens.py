@@ -8,6 +8,13 @@ needs permissions there already (the SubjectAccessReview goes there), so no extr
 to grant it ``tokenreviews/create``; and should a kcp authenticate per workspace, the slice's
 workspace is where the caller asks to be let in. The cache key therefore includes the cluster.
 
+On a sharded kcp the review goes through the front-proxy (vwserver's kcp client), which routes
+``/clusters/<slice cluster>`` to the shard that holds the slice's workspace. Verified on kcp
+v0.32.3 (tests/shards/test_testbed_shards.py): a service-account token of a workspace on another
+shard is authenticated there too, as the same user, with its home cluster in ``extra``
+(``authentication.kcp.io/cluster-name``, scope ``cluster:<home>``) — the shards share the
+service-account signing key; a static token-file user is known to every shard given the file.
+
 A TokenReview kcp refuses *because of the workspace* (403: vwserver may not review there, or the
 workspace does not exist; 404) is a rejected token: 401, like an invalid token, and cached the
 same way (but for at most :data:`REFUSAL_TTL`). Otherwise a bogus token would tell an

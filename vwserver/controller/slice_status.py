@@ -227,7 +227,10 @@ def desired(
         name=name,
         selector=selector if selector is not None else Selector(),
         upstream_url=upstreams[0] if upstreams else "",
-        shards={kcp.shard_id(u): u for u in upstreams} if len(upstreams) > 1 else {},
+        # Every upstream by shard id, also when only one is left: a client of a sharded export
+        # holds a ``/shards/<id>`` URL, which must keep serving that shard when the other
+        # shard's last binding goes and the published URL falls back to the plain one.
+        shards={kcp.shard_id(u): u for u in upstreams},
         not_ready=not_ready,
         hold_timeout=_hold_timeout(obj),
     )

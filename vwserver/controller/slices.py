@@ -168,8 +168,8 @@ class SliceController:
         self._static = static or RouteTable()
         self._leader = leader
         self._clock = clock or SystemClock()
-        self._slices: list[Reflector[Cache[Key]]] = []
-        """One per virtual-workspace URL of vwserver's export (one per shard)."""
+        self._slices: dict[str, Reflector[Cache[Key]]] = {}
+        """Per virtual-workspace URL of vwserver's export (one per shard with a binding)."""
         self._dynamic: dict[Key, Route] = {}
         self._verified: dict[Key, float] = {}
         """When each ready slice's export and consent were last confirmed (``clock``)."""
@@ -245,23 +245,63 @@ class SliceController:
                     self.queue.add(key)
 
     async def _watch_slices(self) -> None:
-        """Find our export's virtual-workspace URL(s), then list/watch slices through them."""
+        """Find our export's virtual-workspace URL(s), list/watch slices through each, and keep
+        following them (re-read every ``resync`` seconds).
+
+        kcp fact (sharded): the APIExportEndpointSlice lists a shard's VW URL only while a
+        workspace on that shard binds the export, and a shard's VW serves only the workspaces
+        on that shard. So the URL of a shard appears when the first workspace there binds
+        vwserver's API — its slices are seen only through that URL — and goes when the last
+        one unbinds (its slices went with the bindings; their routes are dropped).
+        """
         failures = 0
-        while not self._vw_urls:
-            try:
-                self._vw_urls = await self._own_endpoints()
-                self._endpoints_error = None
-            except (ApiError, UpstreamUnavailable) as e:
-                self._endpoints_error = str(e)
-                log.warning("reading vwserver's APIExportEndpointSlice: %s", e)
-            if not self._vw_urls:
-                # Without a binding there is no endpoint, and so no slice anywhere yet.
-                self.synced.set()
-                failures += 1
-                await self._clock.sleep(self._settings.retry.delay(failures))
-        log.info("watching slices through %s", ", ".join(self._vw_urls))
-        self._slices = [
-            Reflector(
+        tasks: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                try:
+                    urls = await self._own_endpoints()
+                    self._endpoints_error = None
+                except (ApiError, UpstreamUnavailable) as e:
+                    urls = self._vw_urls  # a failed read is not "no shards"
+                    self._endpoints_error = str(e)
+                    log.warning("reading vwserver's APIExportEndpointSlice: %s", e)
+                if urls != self._vw_urls:
+                    self._follow_own_endpoints(urls, tasks)
+                if not self._vw_urls:
+                    # Without a binding there is no endpoint, and so no slice anywhere yet.
+                    self.synced.set()
+                    failures += 1
+                    await self._clock.sleep(self._settings.retry.delay(failures))
+                    continue
+                if not self.synced.is_set():
+                    await asyncio.gather(*(r.synced.wait() for r in self._slices.values()))
+                    self.synced.set()
+                await self._clock.sleep(self._settings.resync)
+                for task in tasks.values():  # a watch that crashed ends the controller
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        raise RuntimeError("a watch of slices failed") from task.exception()
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            for task in tasks.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _follow_own_endpoints(
+        self, urls: Sequence[str], tasks: dict[str, asyncio.Task[None]]
+    ) -> None:
+        """Start a slice watch for each new VW URL of vwserver's export, end those of URLs that
+        went (and reconcile their slices, which are gone from the watches now)."""
+        log.info("watching slices through %s", ", ".join(urls) or "no endpoint")
+        for url in set(self._slices) - set(urls):
+            gone = self._slices.pop(url)
+            tasks.pop(url).cancel()
+            for key in list(gone.handler.objects):
+                self.queue.add(key)
+        for url in urls:
+            if url in self._slices:
+                continue
+            reflector = Reflector(
                 name=f"slices @ {url}",
                 client=self._client,
                 url=kcp.SLICES.collection(kcp.clusters(url)),
@@ -269,13 +309,9 @@ class SliceController:
                 clock=self._clock,
                 backoff=self._settings.retry,
             )
-            for url in self._vw_urls
-        ]
-        async with asyncio.TaskGroup() as tasks:
-            for reflector in self._slices:
-                tasks.create_task(reflector.run())
-            await asyncio.gather(*(r.synced.wait() for r in self._slices))
-            self.synced.set()
+            self._slices[url] = reflector
+            tasks[url] = asyncio.create_task(reflector.run(), name=f"slices @ {url}")
+        self._vw_urls = tuple(urls)
 
     def failing(self) -> list[str]:
         """What of the controller's reading of kcp fails right now (for ``/readyz``): the
@@ -284,7 +320,7 @@ class SliceController:
         failing = []
         if self._endpoints_error is not None:
             failing.append("the slice controller cannot read vwserver's APIExportEndpointSlice")
-        broken = sum(1 for r in self._slices if r.last_error is not None)
+        broken = sum(1 for r in self._slices.values() if r.last_error is not None)
         if broken:
             failing.append(
                 f"the slice controller's watch of slices fails ({broken} of {len(self._slices)})"
@@ -299,13 +335,13 @@ class SliceController:
         return tuple(kcp.endpoint_urls(eps))
 
     def _object(self, key: Key) -> JSON | None:
-        for reflector in self._slices:
+        for reflector in self._slices.values():
             if (obj := reflector.handler.get(key)) is not None:
                 return obj
         return None
 
     def _objects(self) -> Iterator[tuple[Key, JSON]]:
-        for reflector in self._slices:
+        for reflector in self._slices.values():
             yield from reflector.handler.objects.items()
 
     # --- reconciling -----------------------------------------------------------------------
@@ -625,9 +661,23 @@ class SliceController:
             return False
         return self._leader is None or self._leader.is_leader
 
+    def _slice_home(self, key: Key) -> str:
+        """The virtual-workspace URL through which the slice ``key`` was seen.
+
+        kcp fact (sharded, v0.32.3): each shard's APIExport VW serves only the logical clusters
+        on that shard — a request for a cluster on another shard is 403 Forbidden there
+        (tests/shards/test_testbed_shards.py). So a slice's status must be written through the
+        VW URL of the shard that holds the slice's workspace, which is the URL whose watch
+        delivered it; vwserver's own export has one URL per shard with a binding.
+        """
+        for url, reflector in self._slices.items():
+            if reflector.handler.get(key) is not None:
+                return url
+        return self._vw_urls[0] if self._vw_urls else ""
+
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
         cluster, name = key = slice_key(obj)
-        base = kcp.clusters(self._vw_urls[0] if self._vw_urls else "", cluster)
+        base = kcp.clusters(self._slice_home(key), cluster)
         await self._client_for(key).merge_patch(
             kcp.SLICES.item(base, None, name, subresource="status"), {"status": status}
         )

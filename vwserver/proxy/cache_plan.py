@@ -96,10 +96,16 @@ class WatchPlan:
 class Continue:
     rv: int
     key: Key
+    origin: str = ""
+    """The shard id (:func:`vwserver.k8s.kcp.shard_id`) of the upstream whose cache issued the
+    token: resourceVersions are per shard (each shard is its own etcd), so a token is good only
+    on the endpoint of the shard it came from."""
 
 
 def encode_continue(token: Continue) -> str:
-    doc = {"v": _CONTINUE_VERSION, "rv": token.rv, "key": list(token.key)}
+    doc: dict[str, object] = {"v": _CONTINUE_VERSION, "rv": token.rv, "key": list(token.key)}
+    if token.origin:
+        doc["o"] = token.origin
     return base64.urlsafe_b64encode(msgspec.json.encode(doc)).decode()
 
 
@@ -116,7 +122,10 @@ def decode_continue(text: str) -> Continue | None:
         raise BadRequest("continue key is not valid: malformed")
     if not all(isinstance(part, str) for part in key):
         raise BadRequest("continue key is not valid: malformed")
-    return Continue(rv=rv, key=(key[0], key[1], key[2]))
+    origin = doc.get("o", "")
+    if not isinstance(origin, str):
+        raise BadRequest("continue key is not valid: malformed")
+    return Continue(rv=rv, key=(key[0], key[1], key[2]), origin=origin)
 
 
 def cacheable(
@@ -192,13 +201,17 @@ def _simple_fields(text: str) -> bool:
     return True
 
 
-def list_plan(options: Options) -> ListPlan:
-    """The plan of a LIST that :func:`cacheable` accepted."""
+def list_plan(options: Options, *, origin: str = "") -> ListPlan:
+    """The plan of a LIST that :func:`cacheable` accepted; ``origin``: the shard id of the
+    upstream the request is for (a continue token of another shard's is a 400)."""
     limit = int(options.get("limit") or 0)
     token = options.get("continue")
     if token:
         resumed = decode_continue(token)
         assert resumed is not None, "cacheable() lets only the cache's own tokens through"
+        if resumed.origin != origin:
+            # Another shard's resourceVersion and keys: never a page of this shard's list.
+            raise BadRequest("continue key is not valid: issued for another shard's endpoint")
         return ListPlan(
             consistency=Consistency.EXACT, rv=resumed.rv, limit=limit, after=resumed.key
         )

@@ -42,7 +42,7 @@ from vwserver.cache.views import (
 )
 from vwserver.errors import BadRequest, Expired, SelectorError
 from vwserver.holds import as_leaving
-from vwserver.k8s.kcp import ORIGINAL_API_VERSION_ANNOTATION
+from vwserver.k8s.kcp import ORIGINAL_API_VERSION_ANNOTATION, shard_id
 from vwserver.k8s.status import status_body
 from vwserver.proxy.cache_plan import Consistency, Continue, ListPlan, WatchPlan, encode_continue
 from vwserver.proxy.context import ProxyRequest
@@ -278,7 +278,8 @@ async def list_page(
                 "result. You can start a new list without the continue parameter."
             ) from e
         raise Expired("The resourceVersion for the provided list is too old.") from e
-    token = encode_continue(Continue(rv=rv, key=last)) if last is not None else ""
+    origin = shard_id(ctx.upstream_base)
+    token = encode_continue(Continue(rv=rv, key=last, origin=origin)) if last is not None else ""
     return entries, rv, token
 
 

@@ -39,6 +39,7 @@ from vwserver.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
+from vwserver.k8s import kcp
 from vwserver.k8s.status import from_error
 from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
 from vwserver.metrics import ServerMetrics
@@ -304,7 +305,8 @@ async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamRe
     resource = await cache.acquire(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
     try:
         if ctx.api.verb is Verb.LIST:
-            return await cached.serve_cached_list(ctx, resource, cache_plan.list_plan(ctx.options))
+            listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
+            return await cached.serve_cached_list(ctx, resource, listing)
         return await cached.serve_cached_watch(ctx, resource, cache_plan.watch_plan(ctx.options))
     finally:
         cache.release(resource)
@@ -314,7 +316,7 @@ async def _serve_cached_table(ctx: ProxyRequest, cache: CacheRegistry) -> web.St
     table = await cache.acquire_table(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
     try:
         if ctx.api.verb is Verb.LIST:
-            listing = cache_plan.list_plan(ctx.options)
+            listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
             return await cached_tables.serve_table_list(ctx, table, listing)
         watching = cache_plan.watch_plan(ctx.options)
         return await cached_tables.serve_table_watch(ctx, table, watching)
