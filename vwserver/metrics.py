@@ -133,6 +133,15 @@ class ServerMetrics:
             ["method"],
             registry=r,
         )
+        self.moved_by_admission = Counter(
+            "vwserver_writes_moved_by_admission",
+            "Writes through a slice that kcp's mutating admission (a webhook or policy of the "
+            "provider's workspace) moved out of the slice after vwserver checked them, by slice "
+            "and verb: the write was made. Any count means the provider runs such admission: "
+            "set mutatingAdmission (patches then keep their dry run).",
+            ["slice", "verb"],
+            registry=r,
+        )
         self.upstream_out_of_scope = Counter(
             "vwserver_upstream_out_of_scope",
             "Objects and watch events the upstream sent outside the request's own scope (another "

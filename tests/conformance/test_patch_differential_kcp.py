@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from devenv.bootstrap import Bootstrap, poll
 from devenv.kcp import KcpInstance
+from tests.support.admission import PROBE, mutating_policy
 from tests.support.properties import bounded_settings
 from tests.support.shapes import API as SHAPES_API
 from tests.support.shapes import shapes_world
@@ -611,54 +612,15 @@ async def test_patches_applied_like_kcp(patch_world: World) -> None:
 
 # -- admission --------------------------------------------------------------------------------
 
-PROBE = "admission-probe"
-
 
 def _mutating_policy(name: str) -> str:
-    """A MutatingAdmissionPolicy (and its binding) that adds a label, an annotation and a
-    finalizer named after ``name`` to widgets labelled ``admission-probe=yes``."""
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": f"probe-{name}"},
-        "spec": {
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["example.io"],
-                        "apiVersions": ["*"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["widgets"],
-                    }
-                ],
-                "objectSelector": {"matchLabels": {PROBE: "yes"}},
-            },
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "mutations": [
-                {
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {
-                        "expression": (
-                            "Object{metadata: Object.metadata{"
-                            f'labels: {{"mutated-by-{name}": "yes"}}, '
-                            f'annotations: {{"note-{name}": "x"}}, '
-                            f'finalizers: ["example.io/{name}"]}}}}'
-                        )
-                    },
-                }
-            ],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": f"probe-{name}"},
-        "spec": {"policyName": f"probe-{name}"},
-    }
-    return msgspec.json.encode(
-        {"apiVersion": "v1", "kind": "List", "items": [policy, binding]}
-    ).decode()
+    """A policy that adds a label, an annotation and a finalizer named after ``name``."""
+    return mutating_policy(
+        name,
+        labels={f"mutated-by-{name}": "yes"},
+        annotations={f"note-{name}": "x"},
+        finalizers=[f"example.io/{name}"],
+    )
 
 
 async def test_mutating_admission_of_the_export_workspace_changes_what_a_patch_stores(

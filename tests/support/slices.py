@@ -35,6 +35,7 @@ async def slices_over_kcp(
     handoff_interval: float = 2.0,
     clock: Clock | None = None,
     upstream: Callable[..., UpstreamClient] = UpstreamClient,
+    mutating_admission: bool = False,
 ) -> AsyncIterator[str]:
     """Serve ``slices`` (name → selector, in the provider's workspace) over the demo export's
     virtual workspace, unauthenticated (``NO_AUTH``), vwserver reading kcp as kcp's admin;
@@ -45,7 +46,8 @@ async def slices_over_kcp(
     long it may hold an object leaving it; ``uncached``: slices whose reads always go to kcp
     (they record no holds); ``limits``: the listener's (default: the
     config's); ``upstream``: the proxy's upstream client, made with ``auth=`` (e.g. one that records
-    what it sends, :class:`tests.support.upstream_record.RecordingUpstream`)."""
+    what it sends, :class:`tests.support.upstream_record.RecordingUpstream`);
+    ``mutating_admission``: the config's ``mutatingAdmission``."""
     auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
     routes = Routes(
         RouteTable(
@@ -72,6 +74,7 @@ async def slices_over_kcp(
             routes=routes,
             upstream=upstream(auth=auth),
             page_size=page_size,
+            mutating_admission=mutating_admission,
             guard=NO_AUTH,
             metrics=metrics,
             cache=registry,

@@ -229,6 +229,13 @@ class Config(CommandConfig):
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
     controller: ControllerConfig | None = None
     list_page_size: int = 500
+    # Whether the provider's workspace runs mutating admission (webhooks, MutatingAdmission-
+    # Policies) on the exported resources that can change labels, annotations or finalizers:
+    # kcp runs those of the APIExport's workspace on every write through the virtual
+    # workspace (vwserver.proxy.patches.ADMISSION), after the patch the proxy computed. With
+    # it, merge and JSON patches keep their dry run (one more upstream request each), whose
+    # result — admission included — must stay in the slice before anything is written.
+    mutating_admission: bool = False
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     # On SIGTERM /readyz answers 503 at once; new connections are still accepted for

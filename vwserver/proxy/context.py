@@ -104,6 +104,9 @@ class ProxyRequest:
     """Whether finalizers added through this slice are recorded as its holds: only where the
     slice's reads come from the shared cache, whose views can show an object leaving it."""
     cache: CacheRegistry | None = None
+    mutating_admission: bool = False
+    """The provider's workspace may run mutating admission on these resources (config
+    ``mutatingAdmission``): patches keep their dry run."""
     """The shared watch cache (None: not used), for the proxy's own checks of a write."""
     member: Member = field(init=False)
     """The slice as the membership function sees it (built once: every object a request reads

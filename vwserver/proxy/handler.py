@@ -95,6 +95,7 @@ class ProxyHandler:
         metrics: ServerMetrics,
         closing: asyncio.Event,
         guard: Gate,
+        mutating_admission: bool = False,
         cache: CacheRegistry | None = None,
         unrecorded_move: Callable[[], None] | None = None,
     ) -> None:
@@ -106,6 +107,7 @@ class ProxyHandler:
         self._cache = cache
         self._upstream = upstream
         self._page_size = page_size
+        self._mutating_admission = mutating_admission
         self._metrics = metrics
         self._closing = closing
         self._guard = guard
@@ -247,6 +249,7 @@ class ProxyHandler:
             representation=representation,
             upstream=upstream,
             page_size=self._page_size,
+            mutating_admission=self._mutating_admission,
             upstream_base=upstream_base,
             metrics=self._metrics,
             record=record,

@@ -118,6 +118,9 @@ def _check_admitted(ctx: ProxyRequest, answer: bytes) -> None:
         return  # check_answer refused anything that is no object
     if ctx.sees(meta) and not ctx.route.selector.violations(meta.labels):
         return
+    ctx.metrics.moved_by_admission.labels(
+        f"{ctx.route.cluster}/{ctx.route.name}", ctx.api.verb
+    ).inc()
     log.warning(
         "kcp's admission moved %s %s/%s out of slice %s/%s after vwserver checked the %s "
         "(a mutating webhook or policy of the provider's workspace changed its labels or holds)",

@@ -38,7 +38,9 @@ the rest of the stored object): one conditional write. Server-side apply (field 
 kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
 ``dryRun=All`` under the same precondition; if the result would be outside the slice the client
 gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
-saw, or fails with 409.
+saw, or fails with 409. With ``mutatingAdmission`` (the provider's workspace runs mutating
+admission, which kcp applies after the patch: :data:`vwserver.proxy.patches.ADMISSION`) merge
+and JSON patches take that path too, so that the result checked is the one kcp would store.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
@@ -219,7 +221,7 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
             content_type=content_type,
             dry_run=ctx.options.get("dryRun") == "All",
         )
-    if content_type in write_plan.LOCAL_PATCHES:
+    if content_type in write_plan.LOCAL_PATCHES and not ctx.mutating_admission:
         return await write_io.execute(
             ctx,
             "PATCH",
