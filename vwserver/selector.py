@@ -735,6 +735,23 @@ class Selector:
             raise SelectorError("; ".join(problems))
         return cls(tuple(Requirement(key, op, values) for key, op, values in collected))
 
+    def matches_each(self, labels: Sequence[Mapping[str, str] | None]) -> list[bool]:
+        """:meth:`matches` of each of ``labels`` (a LIST page's objects), in one comprehension
+        where the selector is one or two ``=``/``in`` requirements — a slice's usual selector —
+        instead of one call per object. Same semantics: a missing label (or no labels at all)
+        is never one of the values."""
+        plan = self._plan
+        if not plan:
+            return [True] * len(labels)
+        if len(plan) == 1 and plan[0][0] == _KIND_IN:
+            _, key, values, _ = plan[0]
+            return [ls is not None and ls.get(key) in values for ls in labels]
+        if len(plan) == 2 and plan[0][0] == plan[1][0] == _KIND_IN:
+            (_, k1, v1, _), (_, k2, v2, _) = plan
+            return [ls is not None and ls.get(k1) in v1 and ls.get(k2) in v2 for ls in labels]
+        matches = self.matches
+        return [matches(ls) for ls in labels]
+
     def matches(self, labels: Mapping[str, str] | None) -> bool:
         """Whether an object with *labels* (``None``: no labels) is selected."""
         if not labels:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -157,10 +158,34 @@ def test_table_rows_need_a_matching_object() -> None:
     assert page.is_table
     visible = [json.loads(bytes(v))["cells"][0] for v in page.visible(PROD)]
     assert visible == ["a"]
+    # Even a selector that matches an object without labels never shows a row without one.
+    for everything in (Selector(), Selector.parse("env!=dev")):
+        shown = [json.loads(bytes(v))["cells"][0] for v in page.visible(everything)]
+        assert shown == ["a"] if everything.requirements else ["a", "b"]
+        assert page.shown_mask(everything)[2] is False
     header = list_header(page, resource_version="7", continue_token="c")
     doc = json.loads(header + b"]}")
     assert doc["columnDefinitions"] == [{"name": "Name", "type": "string"}]
     assert doc["metadata"] == {"resourceVersion": "7", "continue": "c"}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decode_page_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> None:
+    """The collector is paused while a page is decoded, and is as it was afterwards — after an
+    undecodable page too."""
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        body = json.dumps({"kind": "WidgetList", "items": [widget("a", "prod")]}).encode()
+        assert [bytes(e) for e in decode_page(body).visible(PROD)] == [
+            json.dumps(widget("a", "prod")).encode()
+        ]
+        assert gc.isenabled() is enabled
+        with pytest.raises(UndecodableError):
+            decode_page(b'{"kind": "WidgetList", "items": [')
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_non_list_is_rejected() -> None:

@@ -1025,3 +1025,20 @@ def test_a_selector_and_another_implies_both(terms: list[str]) -> None:
     both = this & other
     assert both.implies(this)
     assert both.implies(other)
+
+
+@given(
+    st.one_of(
+        selectors(),
+        # One or two =/in requirements: the shapes matches_each decides in a comprehension.
+        selectors([Operator.EQUALS, Operator.IN]).filter(lambda s: len(s.requirements) <= 2),
+    ),
+    st.lists(label_sets, max_size=6),
+)
+def test_matches_each_is_matches_of_each(
+    selector: Selector, labels: list[dict[str, str] | None]
+) -> None:
+    """The LIST hot loop's whole-page match decides each object as matches() (and the
+    independent oracle) does."""
+    assert selector.matches_each(labels) == [selector.matches(ls) for ls in labels]
+    assert selector.matches_each(labels) == [oracle(selector, ls) for ls in labels]

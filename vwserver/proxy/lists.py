@@ -59,6 +59,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
 from typing import Final
 
 import msgspec
@@ -258,16 +259,22 @@ class _Lister:
         stream does not have."""
         page = read.page
         member = self.ctx.member
+        st.read, st.pos, st.keys = read, 0, None
+        if not self.ctx.records_holds and st.kind != HELD:
+            # A slice that records no holds sees an object by its selector (and the holds of
+            # others): the plain check, as for a watch kcp answers — decided for the whole
+            # page at once, the entries taken by the mask without a tuple per entry.
+            mask = page.shown_mask(self.selected, member)
+            st.shown_index = list(compress(range(len(mask)), mask))
+            st.shown = list(compress(page.entries, mask))
+            return
         if self.ctx.records_holds:
             shown = page.indexed_members(member, self.client)
         else:
-            # A slice that records no holds sees an object by its selector (and the holds of
-            # others): the plain check, as for a watch kcp answers.
             shown = page.indexed_visible(self.selected, member)
         if st.kind == HELD:
             metas, selected = page.metas, self.selected.matches
             shown = [(i, e) for i, e in shown if not selected(_labels(metas[i]))]
-        st.read, st.pos, st.keys = read, 0, None
         st.shown_index = [i for i, _ in shown]
         st.shown = [e for _, e in shown]
 
