@@ -572,7 +572,8 @@ def _same_refusal(a: Any, b: Any) -> bool:
     """The same errors, in any order (kcp's validation walks maps in Go's random order)."""
 
     def errors(message: Any) -> list[str]:
-        return sorted(str(message).replace("[", "").replace("]", "").split(", "))
+        listed = str(message).partition(" is invalid: ")[2].strip("[]")
+        return sorted(e.removeprefix("metadata.") for e in listed.split(", metadata."))
 
     return _tail(a) == _tail(b) or errors(a) == errors(b)
 
