@@ -571,7 +571,12 @@ _DECODING = ' "" is invalid: patch: Invalid value: '
 
 def _same_refusal(a: Any, b: Any) -> bool:
     """The same errors, in any order (kcp's validation walks maps in Go's random order)."""
-    return _tail(a) == _tail(b) or sorted(str(a).split(", ")) == sorted(str(b).split(", "))
+
+    def errors(message: Any) -> list[str]:
+        listed = str(message).partition(" is invalid: ")[2].strip("[]")
+        return sorted(e.removeprefix("metadata.") for e in listed.split(", metadata."))
+
+    return _tail(a) == _tail(b) or errors(a) == errors(b)
 
 
 def _tail(message: Any) -> str:
