@@ -11,8 +11,9 @@ older version of it — a cache that has not seen a change yet — deterministic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,3 +180,23 @@ def behind(registry: CacheRegistry, older: Entry) -> None:
     cache is then behind kcp for it, as a cache is until the watch event arrives."""
     store = widgets_cache(registry).store
     store.replace([older if e.key == older.key else e for e in store.snapshot()], store.rv)
+
+
+@contextlib.contextmanager
+def stream_paused(registry: CacheRegistry) -> Iterator[None]:
+    """The widgets cache's stream held back: its events and bookmarks are kept, not applied,
+    until the block ends (then applied in order) — a cache behind kcp, as it is for the
+    milliseconds before a write's event arrives, for as long as the test needs."""
+    resource = widgets_cache(registry)
+    held: list[tuple[str, Any]] = []
+    resource.on_event = lambda kind, item: held.append((kind, item))  # type: ignore[method-assign]
+    resource.on_bookmark = lambda rv: held.append(("BOOKMARK", rv))  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del resource.on_event, resource.on_bookmark
+        for kind, item in held:
+            if kind == "BOOKMARK":
+                resource.on_bookmark(item)
+            else:
+                resource.on_event(kind, item)

@@ -271,3 +271,30 @@ async def test_one_bookmark_object_for_every_subscription_newer_than_theirs() ->
     r.on_bookmark("25")  # replaces the one still queued
     (mine,), (theirs,) = await collect(early), await collect(late)
     assert mine == Bookmark(25) and mine is theirs
+
+
+def test_a_write_s_answer_is_the_latest_version_until_the_stream_delivers_it() -> None:
+    """Read your own writes (SharedResource.wrote/latest): a write's answer the stream has not
+    delivered is newer than the store's version, and is forgotten once the stream is there —
+    with the object's next event, or a later one of anything (the store then says, also that
+    the object was deleted since)."""
+    r = resource()
+    key = KEYS[0]
+    assert r.latest(key) == r.store.get(key)
+    answer = make(key, {"a": "1"}, 12)
+    r.wrote(answer.raw)
+    assert r.latest(key) == answer  # the store still has version 5
+    r.wrote(make(key, {}, 9).raw)  # older than the stream (rv 10): not kept
+    assert r.latest(key) == answer
+    r.on_event("MODIFIED", answer)  # the stream delivers it
+    assert r.latest(key) == r.store.get(key) == answer
+    # Deleted after the write: once the stream passed the write, the store's "missing" holds.
+    r.wrote(make(key, {"a": "2"}, 14).raw)
+    r.on_event("DELETED", make(key, {"a": "2"}, 15))
+    assert r.latest(key) is None
+    # A write of an object the stream has not shown at all (a create).
+    other = make(KEYS[1], {}, 20)
+    r.wrote(other.raw)
+    assert r.latest(KEYS[1]) == other
+    r.on_bookmark("20")
+    assert r.latest(KEYS[1]) is None  # the stream is at 20 and has no such object

@@ -51,7 +51,7 @@ from typing import Any, Final, Protocol, cast
 
 import msgspec
 
-from vwserver.cache.entries import Change, ChangeType, Entry, Interner, entry
+from vwserver.cache.entries import Change, ChangeType, Entry, Interner, Key, entry
 from vwserver.cache.store import Store
 from vwserver.clock import Clock
 from vwserver.k8s import kcp
@@ -63,6 +63,9 @@ from vwserver.metrics import ServerMetrics
 __all__ = ["Bookmark", "DirectWriter", "SharedResource", "Subscription"]
 
 log = logging.getLogger(__name__)
+
+WRITTEN_MAX: Final = 1024
+"""Write answers a resource keeps until its stream delivers them (:meth:`SharedResource.wrote`)."""
 
 # Why a subscription ended (Subscription.ended).
 CLOSED: Final = "closed"  # its consumer closed it
@@ -300,6 +303,8 @@ class SharedResource:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         # A resourceVersion kcp had reached when the stream had not (see behind_upstream).
         self._upstream_ahead = 0
+        # Versions kcp answered the proxy's writes with, until the stream delivers them (latest).
+        self._written: dict[Key, Entry] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -389,6 +394,30 @@ class SharedResource:
         """kcp's current resourceVersion was ``rv`` (a consistent read found it ahead of the
         stream): remembered until the stream reaches it."""
         self._upstream_ahead = max(self._upstream_ahead, rv)
+
+    def wrote(self, raw: bytes) -> None:
+        """``raw``: the object as kcp answered a write through the proxy — newer than anything
+        the stream has delivered until the stream reaches its resourceVersion. A controller's
+        next write to the same object (a status patch after an update) is checked against it
+        instead of the store's older version, whose resourceVersion kcp would refuse (409, a
+        read and a write more). At most :data:`WRITTEN_MAX` are kept (the oldest go first)."""
+        written = self._decode(msgspec.Raw(raw))
+        if written.meta.resource_version <= self.store.rv:
+            return  # the stream is there already: the store has it, or something newer
+        self._written.pop(written.key, None)
+        self._written[written.key] = written
+        while len(self._written) > WRITTEN_MAX:
+            del self._written[next(iter(self._written))]
+
+    def latest(self, key: Key) -> Entry | None:
+        """The newest version of ``key`` the proxy knows: a write's answer (:meth:`wrote`) the
+        stream has not delivered yet, else the store's (None: the store does not have it)."""
+        written = self._written.get(key)
+        if written is not None:
+            if written.meta.resource_version > self.store.rv:
+                return written  # the store's version of it is older (at most store.rv)
+            del self._written[key]  # the stream reached it: the store says (deleted since, too)
+        return self.store.get(key)
 
     def subscribe(self, *, from_rv: int, queue_size: int) -> Subscription:
         """Every change after ``from_rv`` and then the live ones, through a queue of

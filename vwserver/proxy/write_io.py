@@ -60,6 +60,25 @@ log = logging.getLogger(__name__)
 Plan = Callable[[Stored | None], Decision]
 
 
+def _wrote(ctx: ProxyRequest, answer: bytes) -> None:
+    """Tell the shared cache the version kcp answered a write with (an object of the
+    request's scope, :meth:`ProxyRequest.check_answer` checked): the next write to the object
+    is checked against it, not against the older version the stream may still show."""
+    registry = ctx.cache
+    if registry is None or not ctx.records_holds:
+        return
+    resource = registry.running(upstream=ctx.upstream_base, api_path=api_path(ctx))
+    if resource is None:
+        return
+    try:
+        head = decode_head(answer)
+    except UndecodableError:
+        return
+    if head.kind != resource.kind or not head.metadata.resourceVersion:
+        return  # a Status (a deletion carried out), or not the object
+    resource.wrote(answer)
+
+
 def from_cache(ctx: ProxyRequest) -> Stored | None:
     """The stored object as the shared cache has it, if the slice reads from the cache, the
     resource's cache runs and has synced, and the object is in the request's scope and in the
@@ -70,7 +89,9 @@ def from_cache(ctx: ProxyRequest) -> Stored | None:
     resource = registry.running(upstream=ctx.upstream_base, api_path=api_path(ctx))
     if resource is None:
         return None
-    found = resource.store.get((ctx.path.cluster, ctx.api.namespace, ctx.api.name))
+    # The newest version the proxy knows: the store's, or its own last write's answer that the
+    # stream has not delivered yet (SharedResource.wrote).
+    found = resource.latest((ctx.path.cluster, ctx.api.namespace, ctx.api.name))
     if found is None:
         return None
     head = decode_head(found.raw)
@@ -210,6 +231,8 @@ async def execute(
         body = response.body
         raw = body if isinstance(body, bytes) else b""
         ctx.check_answer(status, raw, status_ok=method == "DELETE", written=not dry_run)
+        if status in (200, 201) and not dry_run:
+            _wrote(ctx, raw)
         if status in (200, 201) and method != "DELETE" and not ctx.api.subresource and not dry_run:
             _check_admitted(ctx, raw)
         return response
