@@ -26,8 +26,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 from harness import SELECTOR, Proxy, cache_reads, list_once, ms, record, timed_rounds
-from harness import session as bench_session
-from kcpbench import SETTLE, create_widgets, kcp_tls_vwserver, kcp_world
+from kcpbench import SETTLE, admin_over_cached_slice, create_widgets, kcp_world
 from results import ListPoint, Ratio, Results, over
 from writes import Meter, Tally, kcp_pid
 
@@ -102,13 +101,7 @@ async def bench_consistent(
             results.notes.append(note)
             made = 2 * matching
             await asyncio.sleep(SETTLE)
-            async with (
-                kcp_tls_vwserver(kcp, world, page_size=page_size, cache=True) as tp,
-                bench_session(
-                    headers={"Authorization": f"Bearer {kcp.admin_token}"},
-                    ssl_context=tp.ssl_context(),
-                ) as s,
-            ):
+            async with admin_over_cached_slice(kcp, world, page_size=page_size) as (tp, s):
                 cx = tp.proxy
                 direct = f"{world.vw_url}/clusters/{ws.cluster}/{world.api_path}/widgets"
                 cached = f"{cx.slice_base}/clusters/{ws.cluster}/{world.api_path}/widgets"

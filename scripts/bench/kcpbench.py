@@ -211,6 +211,22 @@ async def kcp_tls_vwserver(
 
 
 @contextlib.asynccontextmanager
+async def admin_over_cached_slice(
+    kcp: KcpInstance, world: Bootstrap, *, page_size: int
+) -> AsyncIterator[tuple[TlsProxy, aiohttp.ClientSession]]:
+    """A cached TLS vwserver (:func:`kcp_tls_vwserver`) and a session as kcp's admin that
+    trusts both it and kcp: the writes and consistent-read arms' setup."""
+    async with (
+        kcp_tls_vwserver(kcp, world, page_size=page_size, cache=True) as tp,
+        bench_session(
+            headers={"Authorization": f"Bearer {kcp.admin_token}"},
+            ssl_context=tp.ssl_context(),
+        ) as s,
+    ):
+        yield tp, s
+
+
+@contextlib.asynccontextmanager
 async def kcp_vwserver(
     kcp: KcpInstance,
     world: Bootstrap,

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from harness import Proxy, cpu_seconds, ms, record
-from harness import session as bench_session
-from kcpbench import kcp_tls_vwserver, kcp_world
+from kcpbench import admin_over_cached_slice, kcp_world
 from results import Ratio, Results, WriteRun, over, percentile
 from scrape import KcpCounters, delta, kcp_counters, read_metrics, upstream_requests
 from write_client import VERBS
@@ -150,13 +149,7 @@ async def bench_writes(
         ws = world.consumer("consumer-a")
         await kcp.kubectl("create", "namespace", NAMESPACE, server=ws.url)
         collection = f"/clusters/{ws.cluster}/{world.api_path}/namespaces/{NAMESPACE}/widgets"
-        async with (
-            kcp_tls_vwserver(kcp, world, page_size=page_size, cache=True) as tp,
-            bench_session(
-                headers={"Authorization": f"Bearer {kcp.admin_token}"},
-                ssl_context=tp.ssl_context(),
-            ) as s,
-        ):
+        async with admin_over_cached_slice(kcp, world, page_size=page_size) as (tp, s):
             px = tp.proxy
             urls = {"direct": world.vw_url + collection, "slice": px.slice_base + collection}
             # The cache has listed and watches the resource before anything is timed.

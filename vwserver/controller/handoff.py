@@ -278,14 +278,7 @@ class Handoff:
         # Reads can wake the loop as often as they come: at most one scan per _MIN_GAP of real
         # time, so a move that cannot be recorded (its write refused) costs no busy loop.
         await asyncio.sleep(_MIN_GAP)
-        sleep = asyncio.ensure_future(self._clock.sleep(self._interval))
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in (sleep, woken):
-                waiter.cancel()
-            await asyncio.gather(sleep, woken, return_exceptions=True)
+        await _sleep_or_wake(self._clock, self._interval, self._wake)
 
     async def keep(self, resources: Iterable[tuple[str, str]]) -> int:
         """Run the shared resources ``(upstream, API path)`` that another worker of this server
@@ -575,14 +568,19 @@ class HandoffRelay:
         while True:
             await self._send(self.message())
             await asyncio.sleep(_MIN_GAP)
-            sleep = asyncio.ensure_future(self._clock.sleep(self._interval))
-            woken = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in (sleep, woken):
-                    waiter.cancel()
-                await asyncio.gather(sleep, woken, return_exceptions=True)
+            await _sleep_or_wake(self._clock, self._interval, self._wake)
+
+
+async def _sleep_or_wake(clock: Clock, interval: float, wake: asyncio.Event) -> None:
+    """Until ``interval`` seconds of ``clock`` have passed or ``wake`` is set."""
+    sleep = asyncio.ensure_future(clock.sleep(interval))
+    woken = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (sleep, woken):
+            waiter.cancel()
+        await asyncio.gather(sleep, woken, return_exceptions=True)
 
 
 def relayed(message: object, *, limit: int = 10_000) -> tuple[list[tuple[str, str]], bool]:
