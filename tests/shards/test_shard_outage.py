@@ -20,12 +20,18 @@ from typing import Any
 import aiohttp
 import pytest_asyncio
 
-from devenv.bootstrap import apply_retrying
-from devenv.shards import ROOT_SHARD, SECOND_SHARD, on_shard
-from devenv.slices import export_grant, wait_slice_ready
-from tests.e2e.controller_env import Served, condition, eventually, serving, unique
+from devenv.shards import ROOT_SHARD, SECOND_SHARD
+from devenv.slices import wait_slice_ready
+from tests.e2e.controller_env import Served, condition, eventually, unique
 from tests.shards.conftest import ShardedWorld
-from tests.shards.test_slices_shards import PROD, call, kcp_vw_urls, keys, widgets
+from tests.shards.test_slices_shards import (
+    PROD,
+    call,
+    kcp_vw_urls,
+    keys,
+    serving_slices,
+    widgets,
+)
 from vwserver.k8s.kcp import shard_id
 from vwserver.metrics import upstream_name
 
@@ -34,19 +40,7 @@ RESTART_TIMEOUT = 240.0
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(sharded_world: ShardedWorld) -> AsyncIterator[Served]:
-    w = sharded_world
-    front = w.bed.front
-    grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
-    await apply_retrying(front, w.world.provider.url, grant, within=60)
-    async with serving(
-        front,
-        w.world,
-        bind_in=(w.slices, w.world.provider),
-        resync=3.0,
-        api_location=on_shard(ROOT_SHARD),
-        cache=True,
-        watch_health=True,
-    ) as served:
+    async with serving_slices(sharded_world, watch_health=True) as served:
         yield served
 
 

@@ -10,6 +10,7 @@ workspace grants ``root:slices`` (``manifests/rbac/export-grants-slice-workspace
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -28,9 +29,10 @@ Observe = Callable[[str], None]
 PROD = {"matchLabels": {"env": "prod"}}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def served(sharded_world: ShardedWorld) -> AsyncIterator[Served]:
-    w = sharded_world
+@contextlib.asynccontextmanager
+async def serving_slices(w: ShardedWorld, *, watch_health: bool = False) -> AsyncIterator[Served]:
+    """vwserver in kcp mode over the sharded kcp (through the front-proxy), its API workspace
+    on the root shard, the slice workspace granted the export: the shard suites' server."""
     front = w.bed.front
     grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
     await apply_retrying(front, w.world.provider.url, grant, within=60)
@@ -41,7 +43,14 @@ async def served(sharded_world: ShardedWorld) -> AsyncIterator[Served]:
         resync=3.0,
         api_location=on_shard(ROOT_SHARD),
         cache=True,
+        watch_health=watch_health,
     ) as served:
+        yield served
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def served(sharded_world: ShardedWorld) -> AsyncIterator[Served]:
+    async with serving_slices(sharded_world) as served:
         yield served
 
 
