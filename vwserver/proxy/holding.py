@@ -74,40 +74,40 @@ class Stored:
         return self.head.metadata
 
 
-def _annotations_written(ctx: WriteTarget) -> Invalid:
-    keys = ", ".join(sorted(PROXY_ANNOTATIONS))
+def _written_only_by_vwserver(ctx: WriteTarget, message: str, fields: list[str]) -> Invalid:
+    """The 422 for a write through a slice that sets or changes what only vwserver writes."""
     return Invalid(
-        f"metadata.annotations: {keys} are written only by vwserver; "
-        "a write through a slice cannot set or change them",
+        message,
         details={
             "name": ctx.api.name,
             "causes": [
                 {
                     "reason": "FieldValueForbidden",
                     "message": "written only by vwserver",
-                    "field": f"metadata.annotations[{key}]",
+                    "field": field,
                 }
-                for key in sorted(PROXY_ANNOTATIONS)
+                for field in fields
             ],
         },
     )
 
 
+def _annotations_written(ctx: WriteTarget) -> Invalid:
+    keys = ", ".join(sorted(PROXY_ANNOTATIONS))
+    return _written_only_by_vwserver(
+        ctx,
+        f"metadata.annotations: {keys} are written only by vwserver; "
+        "a write through a slice cannot set or change them",
+        [f"metadata.annotations[{key}]" for key in sorted(PROXY_ANNOTATIONS)],
+    )
+
+
 def _holder_labels_written(ctx: WriteTarget, keys: list[str]) -> Invalid:
-    return Invalid(
+    return _written_only_by_vwserver(
+        ctx,
         "metadata.labels: the holder labels (holder.sync.edge-connect.eu/…) are written only "
         "by vwserver; a write through a slice cannot set or change them",
-        details={
-            "name": ctx.api.name,
-            "causes": [
-                {
-                    "reason": "FieldValueForbidden",
-                    "message": "written only by vwserver",
-                    "field": f"metadata.labels[{key}]",
-                }
-                for key in sorted(keys)
-            ],
-        },
+        [f"metadata.labels[{key}]" for key in sorted(keys)],
     )
 
 
