@@ -30,7 +30,7 @@ def exported(registry: CollectorRegistry) -> dict[str, set[str]]:
         # Labelled metrics without children have no samples: their label names are on the
         # collector (prometheus_client keeps them in ``_labelnames``).
         labels = set(getattr(family, "_labelnames", ()))
-        for collector in registry._names_to_collectors.values():  # noqa: SLF001
+        for collector in registry._names_to_collectors.values():
             if getattr(collector, "_name", None) == family.name:
                 labels |= set(getattr(collector, "_labelnames", ()))
         for suffix in _SUFFIXES.get(family.type, ("",)):
@@ -53,7 +53,9 @@ def used(expr: str) -> dict[str, set[str]]:
     for m in re.finditer(r"\b(vwserver_[a-z_]+)(\{([^}]*)\})?", expr):
         labels = {x.split("=")[0].strip().rstrip("!~") for x in (m[3] or "").split(",") if x}
         found.setdefault(m[1], set()).update(labels)
-    by = {label.strip() for group in re.findall(r"by \(([^)]*)\)", expr) for label in group.split(",")}
+    by = {
+        label.strip() for group in re.findall(r"by \(([^)]*)\)", expr) for label in group.split(",")
+    }
     for name in found:
         found[name] |= by
     return found
@@ -73,7 +75,9 @@ def test_every_alert_names_exported_metrics_and_labels() -> None:
         assert names, f"{rule['alert']}: names no vwserver metric"
         for name, labels in names.items():
             assert name in METRICS, f"{rule['alert']}: {name} is not exported"
-            assert labels <= METRICS[name], f"{rule['alert']}: {name} has no {labels - METRICS[name]}"
+            assert labels <= METRICS[name], (
+                f"{rule['alert']}: {name} has no {labels - METRICS[name]}"
+            )
 
 
 def test_every_alert_has_its_runbook() -> None:
