@@ -13,8 +13,8 @@ The demo teaches the safe setup: alice, the slice user, is granted
 (``manifests/rbac/example-slice-user.yaml``), never ``apiexports/content`` on the export, so
 kcp's own APIExport virtual workspace refuses her and vwserver's filter cannot be bypassed. The
 slices live in the export's own workspace, so they need no grant from the export's owner (see
-"Which exports a slice may serve" in the README). Everything it writes goes to ``.run/`` in the
-repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver, then kcp, and removes kcp's
+"Which exports a slice may serve" in docs/kcp-mode.md). Everything it writes goes to ``.run/``
+in the repository (git-ignored). Ctrl-C (or SIGTERM) stops vwserver, then kcp, and removes kcp's
 temporary directory.
 
 What is printed is tested: :func:`demo_lines` is the one source of the printed commands (a pure

@@ -18,8 +18,8 @@ polls them, :mod:`vwserver.auth.tls`): a rotation reaches every worker within th
 **What each process has of its own** — each worker is, towards kcp, what a replica is:
 
 * *The shared watch cache*: one per worker. N workers that all serve a resource run N upstream
-  list+watches of it, and hold N copies of its objects (the per-object cost is in the README's
-  cache section; ``scripts/bench/run.py --only fanout --workers 1,2`` prints the RSS of each
+  list+watches of it, and hold N copies of its objects (the per-object cost is in the docs'
+  cache page; ``scripts/bench/run.py --only fanout --workers 1,2`` prints the RSS of each
   worker: 49 MiB with 1,000 small objects, as one process). That is the price of sharing
   nothing between processes, and it is acceptable: a cache shared across processes would have
   to copy every change into each worker anyway to fan it out, so it would save the kcp watch and

@@ -1,24 +1,26 @@
 """The configuration reference cannot drift from :class:`vwserver.config.Config`.
 
-Every key the config file accepts — read from the msgspec Structs, with their wire names, so a
-section added to ``Config`` is picked up without touching this test — must be
+The reference pages of the docs site (``docs/reference/*-config.md``) are generated from the
+config Structs by ``scripts/gen-config-docs.py`` (key names, types, defaults and the fields'
+attribute docstrings): they must be current, every field must have a description, and they must
+list every key the file accepts — read from the msgspec Structs, with their wire names, so a
+section added to ``Config`` is picked up without touching this test. Every key must also be
 
-* in the key column of the README's configuration table, and
 * in ``config/example.yaml``, active or commented out (``# key: value`` with the ``#`` at the
   key's indentation, or a block commented out at its start: ``#   key: value``),
 
-and neither may mention a key that ``Config`` does not know.
-
-README key cells are read like a person reads them: backticked keys, ``a/b`` meaning both,
-``x.{a,b}`` meaning ``x.a`` and ``x.b``, and a key without a dot meaning a sibling of the row's
-first key (```upstream.server`, `caFile``` → ``upstream.caFile``). List items are ``[]``
+and the example may not mention a key that ``Config`` does not know. List items are ``[]``
 (``slices[].name``). Keys below a free-form field (``slices[].selector``) are not config keys.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -61,37 +63,6 @@ def schema_keys(t: msgspec.inspect.Type, prefix: str = "") -> tuple[set[str], se
 LEAVES, SECTIONS = schema_keys(msgspec.inspect.type_info(Config))
 
 
-def readme_keys(readme: str) -> set[str]:
-    """Keys in the first column of the table under ``## Configuration``."""
-    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
-    assert rows[:2] and rows[0].replace(" ", "") == "|key|meaning|", "config table not found"
-    keys: set[str] = set()
-    for row in rows[2:]:
-        cell = row.split("|")[1]
-        tokens = [k for ticked in re.findall(r"`([^`]+)`", cell) for k in ticked.split("/")]
-        assert tokens, f"README config row without a key: {row}"
-        first = tokens[0]
-        sibling_prefix = first.rsplit(".", 1)[0] + "." if "." in first else ""
-        for token in tokens:
-            token = token.strip()
-            if "." not in token and "[" not in token:
-                token = sibling_prefix + token
-            keys |= _expand_braces(token)
-    return keys
-
-
-def _expand_braces(token: str) -> set[str]:
-    m = re.search(r"\{([^}]*)\}", token)
-    if m is None:
-        return {token}
-    return {
-        key
-        for alt in m.group(1).split(",")
-        for key in _expand_braces(token[: m.start()] + alt.strip() + token[m.end() :])
-    }
-
-
 _COMMENTED_KEY = re.compile(r"^(\s*)#(\s*)([A-Za-z][A-Za-z0-9]*:(\s.*)?)$")
 
 
@@ -130,12 +101,56 @@ def test_schema_walk_sees_nested_sections_and_wire_names() -> None:
     assert "slices[].selector" in LEAVES  # free-form: its content is not a config key
 
 
-def test_readme_table_documents_every_key_and_only_known_keys() -> None:
-    documented = readme_keys((REPO / "README.md").read_text())
-    missing = sorted(LEAVES - documented)
-    unknown = sorted(documented - LEAVES - SECTIONS)
-    assert not missing, f"config keys missing from the README table: {missing}"
-    assert not unknown, f"README documents keys vwserver.config.Config does not know: {unknown}"
+GENERATOR = REPO / "scripts" / "gen-config-docs.py"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_config_docs", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_keys(page: str) -> set[str]:
+    """Keys in the first column of the generated reference's tables."""
+    return {
+        m[1] for m in re.finditer(r"^\| `([^`]+)` \|", page, flags=re.MULTILINE) if m[1] != "key"
+    }
+
+
+def test_generated_reference_is_current_and_describes_every_key() -> None:
+    result = subprocess.run(
+        [sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_reference_lists_every_key_and_only_known_keys() -> None:
+    documented = reference_keys((REPO / "docs" / "reference" / "serve-config.md").read_text())
+    assert not sorted(LEAVES - documented), "config keys missing from the reference"
+    assert not sorted(documented - LEAVES - SECTIONS), "the reference names unknown keys"
+
+
+class _Inner(msgspec.Struct, rename="camel"):
+    """An inner section."""
+
+    some_key: int = 3
+    """Described."""
+    other_key: str | None = None
+
+
+class _Root(msgspec.Struct, rename="camel"):
+    inner: _Inner = msgspec.field(default_factory=_Inner)
+    """The section."""
+
+
+def test_the_generator_reports_an_undocumented_field() -> None:
+    page, undocumented = _generator().render(_Root, "Title", "Intro.")
+    assert undocumented == ["inner.otherKey"]
+    assert "| `inner.someKey` | integer | `3` | Described. |" in page
+    assert reference_keys(page) == {"inner", "inner.someKey", "inner.otherKey"}
 
 
 def test_example_yaml_shows_every_key_and_only_known_keys() -> None:
@@ -149,21 +164,6 @@ def test_example_yaml_shows_every_key_and_only_known_keys() -> None:
 
 
 def test_the_checks_catch_drift() -> None:
-    readme = (
-        "intro\n## Configuration\n\n| key | meaning |\n|---|---|\n"
-        "| `upstream.server`, `caFile`, `token`/`tokenFle` | x |\n"
-        "| `slices[].export.{cluster,nme}` | y |\n\n## Next\n| `ignored` | z |\n"
-    )
-    keys = readme_keys(readme)
-    assert keys == {
-        "upstream.server",
-        "upstream.caFile",
-        "upstream.token",
-        "upstream.tokenFle",
-        "slices[].export.cluster",
-        "slices[].export.nme",
-    }
-    assert keys - LEAVES == {"upstream.tokenFle", "slices[].export.nme"}
     doc = example_doc("upstream:\n  # server: https://kcp\n  # tokenFlie: t\n")
     assert doc == {"upstream": {"server": "https://kcp", "tokenFlie": "t"}}
     block = "# listen:\n#   host: h   # a comment: not a key\n#   # prose: neither\n"

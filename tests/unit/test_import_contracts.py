@@ -1,7 +1,7 @@
 """Import contracts of the shipped package, checked on every ``make test``.
 
 Layers, top to bottom; a module may import its own layer's package and anything below it, never
-above (the README's architecture picture):
+above (the architecture picture in docs/architecture.md):
 
     cli
     server, listener, syncer, clientconfig, workers (the commands' assembly)

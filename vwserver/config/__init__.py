@@ -64,126 +64,182 @@ PREFIX = SLICE_ENDPOINT_PREFIX + "/"
 
 
 class Listen(_Strict):
+    """Where the slice listener (TLS unless ``insecureServing``) listens."""
+
     host: str = "127.0.0.1"
+    """Address to bind (``0.0.0.0`` in a pod)."""
     port: int = 8443
+    """Port to bind."""
 
 
 class HealthListen(_Strict):
     """A second listener, plain HTTP: the health endpoints and metrics, and ``/debug/cache``
-    when ``host`` is a loopback address (the slice listener never serves it)."""
+    when ``host`` is a loopback address (the slice listener never serves it). Unset: no such
+    listener."""
 
     host: str = "127.0.0.1"
+    """Address to bind; ``/debug/cache`` is served only on a loopback address."""
     port: int = 8081
+    """Port to bind."""
 
 
 class TLS(_Strict):
-    # Reloaded when the files change (vwserver.auth.tls): rotation needs no restart.
+    """The serving certificate (TLS ≥ 1.2). Required unless ``insecureServing: true``."""
+
     cert_file: str
+    """PEM certificate chain; re-read when the file changes (rotation needs no restart: open
+    connections keep theirs, new ones get the new certificate)."""
     key_file: str
-    # Client certificates signed by this CA authenticate (CN = user, O = groups); read at start.
+    """PEM private key of ``certFile``; re-read with it."""
     client_ca_file: str | None = msgspec.field(default=None, name="clientCAFile")
+    """Client certificates signed by this CA authenticate (CN = user, O = groups); read at
+    start. Not with ``auth.mode: passthrough``."""
 
 
 class AuthCache(_Strict):
     """How long kcp's review answers are reused, in seconds (0: not cached), and how many."""
 
     token_ttl_seconds: float = msgspec.field(default=base.DEFAULT_TOKEN_TTL, name="tokenTTLSeconds")
+    """Seconds a token kcp accepted (TokenReview) is remembered."""
     token_negative_ttl_seconds: float = msgspec.field(
         default=base.DEFAULT_TOKEN_NEGATIVE_TTL, name="tokenNegativeTTLSeconds"
     )
+    """Seconds a token kcp rejected is remembered."""
     allow_ttl_seconds: float = msgspec.field(default=base.DEFAULT_ALLOW_TTL, name="allowTTLSeconds")
+    """Seconds a granted slice + verb (SubjectAccessReview) is remembered: a revoked grant stops
+    working within this."""
     deny_ttl_seconds: float = msgspec.field(default=base.DEFAULT_DENY_TTL, name="denyTTLSeconds")
+    """Seconds a denied slice + verb is remembered: a new grant starts working within this."""
     max_entries: int = base.DEFAULT_MAX_ENTRIES
+    """Entries per cache; the least recently used go first. Keys hold an HMAC of the token,
+    never the token."""
 
 
 class Auth(_Strict):
     """Who may use which slice (vwserver.auth.guard has the details of both modes)."""
 
-    # delegated: vwserver checks the caller with kcp, then calls kcp as itself.
-    # passthrough: the same checks, then the caller's own token goes to kcp.
     mode: Literal["delegated", "passthrough"] = "delegated"
+    """``delegated``: vwserver checks the caller with kcp, then calls kcp as itself;
+    ``passthrough``: the same checks, then the caller's own bearer token goes to kcp (which then
+    also checks the caller's ``apiexports/content``; the shared watch cache is not used)."""
     cache: AuthCache = msgspec.field(default_factory=AuthCache)
+    """How long kcp's review answers are reused."""
 
 
 class Connections(_Strict):
     """Bounds on each client connection, against slow and greedy clients (vwserver.listener)."""
 
-    # A request's headers must be complete this long after the connection (or the request's
-    # first byte); the TLS handshake gets as long.
     header_timeout_seconds: float = base.DEFAULT_HEADER_TIMEOUT
-    # A request body must be complete this long after its headers.
+    """A request's headers must be complete this long after the connection (the TLS handshake
+    gets as long) or after the request's first byte."""
     body_timeout_seconds: float = base.DEFAULT_BODY_TIMEOUT
-    # A keep-alive connection without a request is closed after this long.
+    """A request body must be complete this long after its headers."""
     idle_timeout_seconds: float = base.DEFAULT_IDLE_TIMEOUT
-    # Open connections per client IP address (each watch holds one); 0: no limit.
+    """A keep-alive connection without a request is closed after this long."""
     max_connections_per_client: int = base.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    """Open connections per client IP address (each watch holds one); one more is answered
+    ``429`` and closed. ``0``: no limit. Raise it behind a proxy that hides client addresses."""
 
 
 class Upstream(ClusterAccess):
-    """How vwserver reaches kcp: a kubeconfig, the pod's ServiceAccount (``inCluster``), or a
-    server URL with explicit credentials."""
+    """vwserver's own identity towards kcp — exactly one of three ways: a ``kubeconfig`` (tokens,
+    token files, client certificates, exec credential plugins such as OIDC helpers, re-run before
+    their token expires), ``inCluster: true`` (the pod's ServiceAccount), or ``server`` with
+    explicit credentials."""
 
     server: str | None = None
+    """kcp's URL, with explicit credentials (instead of a kubeconfig)."""
     ca_file: str | None = None
+    """With ``server``: the CA that signed kcp's serving certificate."""
     token: str | None = None
+    """With ``server``: a bearer token (prefer ``tokenFile``)."""
     token_file: str | None = None
+    """With ``server``: a file holding the bearer token, re-read as it rotates."""
     client_cert_file: str | None = None
+    """With ``server``: a client certificate (with ``clientKeyFile``)."""
     client_key_file: str | None = None
+    """With ``server``: the client certificate's key."""
     insecure_skip_tls_verify: bool = False
+    """With ``server``: do not verify kcp's certificate (development only)."""
 
 
 class ExportRef(_Strict):
-    """The APIExport a slice filters: its logical cluster ID and name."""
+    """The APIExport a slice filters: its logical cluster ID and name (the virtual-workspace URL
+    is derived from the upstream server)."""
 
     cluster: str
+    """The export's logical-cluster ID (not its workspace path)."""
     name: str
+    """The APIExport's name."""
 
 
 class SliceConfig(_Strict):
+    """A slice served from the file (besides those the controller discovers in kcp mode)."""
+
     cluster: str
+    """The slice's logical cluster (the first segment of its URL)."""
     name: str
+    """The slice's name (the second segment of its URL)."""
     selector: dict[str, Any] | None = None
-    # An empty selector would show every object of the export. That must be a visible decision,
-    # never the accident of a forgotten field.
+    """A ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions``): the objects the slice
+    shows and lets clients write."""
     allow_empty_selector: bool = False
+    """Allow an empty selector. An empty selector would show every object of the export: that
+    must be a visible decision, never the accident of a forgotten field."""
     export: ExportRef | None = None
-    # Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard).
+    """The APIExport the slice filters."""
     upstream_url: str | None = msgspec.field(default=None, name="upstreamURL")
-    # Serve this slice's LIST and WATCH from the shared watch cache (when ``cache.enabled``);
-    # false: every request goes to kcp (the pass-through path).
+    """Full APIExport virtual-workspace URL; overrides ``export`` (e.g. a specific shard)."""
     cache: bool = True
-    # Seconds the slice may hold an object that is leaving it (a finalizer added through the
-    # slice is still on it) before vwserver removes the slice's finalizers. Always bounded.
+    """Serve this slice's LIST and WATCH from the shared watch cache (when ``cache.enabled``);
+    ``false``: every request goes to kcp (the pass-through path), and the slice records no
+    holds."""
     hold_timeout_seconds: float = DEFAULT_HOLD_TIMEOUT_SECONDS
+    """Seconds the slice may hold an object that is leaving it (a finalizer added through the
+    slice is still on it) before vwserver removes the slice's finalizers; at most 604800:
+    every hold is bounded."""
 
 
 class ControllerExport(_Strict):
-    """Where vwserver's own API (the FilteredAPIExportEndpointSlice APIExport) is exported."""
+    """Where vwserver's own API (the FilteredAPIExportEndpointSlice APIExport, from
+    ``manifests/kcp/``) is exported."""
 
     path: str
+    """The workspace (path or logical-cluster ID) of vwserver's APIExport."""
     name: str = SLICES.group
+    """The APIExport's name."""
 
 
 class LeaseConfig(_Strict):
+    """Optional leader election for several replicas: only the Lease holder writes slice
+    status."""
+
     workspace: str | None = None
     """Workspace of the Lease (default: the controller export's workspace)."""
     name: str = "vwserver-controller"
+    """The Lease's name."""
     identity: str | None = None
     """This replica's identity (default: hostname + process id)."""
 
 
 class ControllerConfig(_Strict):
-    """kcp mode: discover slices in kcp instead of (or besides) listing them here."""
+    """kcp mode: discover slices in kcp (in every workspace that binds vwserver's API) instead
+    of (or besides) listing them here. Needs ``externalURL``."""
 
     export: ControllerExport
+    """vwserver's own APIExport."""
     lease: LeaseConfig | None = None
+    """Leader election among replicas (unset: this process writes status)."""
     resync_seconds: float = 30.0
-    # Work done for one workspace's slices is bounded (any workspace that binds vwserver's API
-    # can create slices): beyond these, a slice is not looked at (Ready=False, TooManySlices /
-    # TooManyExports) and costs nothing more.
+    """How often a ready slice is re-checked against its export and its owner's consent (a
+    revoked grant ends the slice within this)."""
     max_slices_per_workspace: int = 50
+    """Per workspace, the slices the controller looks at (oldest first): any workspace that
+    binds vwserver's API can create slices, so work per workspace is bounded. A slice beyond it
+    gets ``Ready=False`` reason ``TooManySlices`` and costs nothing more."""
     max_exports_per_workspace: int = 20
-    """Distinct ``spec.export`` references of one workspace's slices."""
+    """Per workspace, the distinct ``spec.export`` references of its slices; beyond it
+    ``Ready=False`` reason ``TooManyExports``."""
     consent_reviews_per_second: float = 5.0
     """Per slice workspace: the rate of consent reviews (and workspace lookups) vwserver makes
     in kcp for slices naming another workspace's export."""
@@ -191,21 +247,24 @@ class ControllerConfig(_Strict):
 
 class CacheConfig(_Strict):
     """The shared watch cache: one upstream watch per resource, every slice's LIST and WATCH
-    computed from it (README, "The shared watch cache")."""
+    computed from it (docs: "The shared watch cache")."""
 
     enabled: bool = True
-    # A resource nobody read for this long stops its upstream watch and forgets its objects.
+    """Serve LIST and WATCH from the shared watch cache; ``false``: every read goes to kcp."""
     idle_seconds: float = 300.0
-    # Changes kept to serve watches and paged lists at an older resourceVersion; older ones
-    # are answered 410 Expired, as the apiserver does beyond its watch cache.
+    """A resource nobody read for this long stops its upstream watch and forgets its objects."""
     window: int = 4096
+    """Changes kept per resource to serve watches and paged lists at an older resourceVersion;
+    older ones are answered ``410 Expired``, as the apiserver does beyond its watch cache."""
 
 
 class MetricsConfig(_Strict):
     """Prometheus metrics, unauthenticated like the health endpoints (no tokens, no objects)."""
 
     enabled: bool = True
+    """Serve metrics (they show which slices exist: keep the endpoint off the public network)."""
     path: str = "/metrics"
+    """Where metrics are served (slice and health listener)."""
 
 
 MAX_WORKERS = 64
@@ -214,35 +273,54 @@ MAX_WORKERS = 64
 
 class Config(CommandConfig):
     listen: Listen = msgspec.field(default_factory=Listen)
-    # Processes serving the listen socket (SO_REUSEPORT), each one core (vwserver.workers);
-    # ``vwserver serve --workers N`` overrides it. 1: one process, as without the key.
+    """Where slices are served."""
     workers: int = 1
+    """Processes serving the listen socket with ``SO_REUSEPORT``, each one core
+    (vwserver.workers; at most 64); ``vwserver serve --workers N`` overrides it. 1: one
+    process."""
     health: HealthListen | None = None
+    """Optional second listener, plain HTTP: health endpoints and metrics (and ``/debug/cache``
+    on loopback)."""
     connections: Connections = msgspec.field(default_factory=Connections)
+    """Per-connection bounds."""
     tls: TLS | None = None
-    # Plain HTTP without TLS. For local development only; `serve` refuses to start without TLS
-    # unless this is set.
+    """The serving certificate."""
     insecure_serving: bool = False
+    """Plain HTTP without TLS, for local development only (logs a warning: bearer tokens would
+    travel in clear text); ``serve`` refuses to start without TLS unless this is set."""
     external_url: str | None = msgspec.field(default=None, name="externalURL")
+    """How clients reach this server (the endpoint URLs in slice status are built from it)."""
     upstream: Upstream = msgspec.field(default_factory=Upstream)
+    """vwserver's own identity towards kcp."""
     auth: Auth = msgspec.field(default_factory=Auth)
+    """Who may use a slice, and how kcp is called for them."""
     slices: list[SliceConfig] = msgspec.field(default_factory=list)
+    """Slices served from this file."""
     controller: ControllerConfig | None = None
+    """kcp mode: slices discovered as objects in kcp."""
     list_page_size: int = 500
-    # Whether the provider's workspace runs mutating admission (webhooks, MutatingAdmission-
-    # Policies) on the exported resources that can change labels, annotations or finalizers:
-    # kcp runs those of the APIExport's workspace on every write through the virtual
-    # workspace (vwserver.proxy.patches.ADMISSION), after the patch the proxy computed. With
-    # it, merge and JSON patches keep their dry run (one more upstream request each), whose
-    # result — admission included — must stay in the slice before anything is written.
+    """Size of the first upstream page when the proxy pages a LIST itself; each later page
+    doubles, up to 10,000 objects or about 4 MiB at the previous page's bytes per object (kcp's
+    cost per page)."""
     mutating_admission: bool = False
+    """``true`` when the provider's workspace runs mutating admission (webhooks,
+    MutatingAdmissionPolicies) on the exported resources that can change labels, annotations or
+    finalizers: kcp runs those of the APIExport's workspace on every write through the virtual
+    workspace (vwserver.proxy.patches.ADMISSION), after the patch the proxy computed. Merge and
+    JSON patches then keep their dry run (one more upstream request each), so that a patch
+    admission would move out of the slice is refused with 422 before anything is written.
+    ``false``: one write; such a move is made, logged and counted in
+    ``vwserver_writes_moved_by_admission_total``."""
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
+    """The shared watch cache."""
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
-    # On SIGTERM /readyz answers 503 at once; new connections are still accepted for
-    # shutdownDelaySeconds (so that endpoints stop routing here first), then the listener closes,
-    # open watches end cleanly and requests in flight get shutdownGracePeriodSeconds to finish.
+    """Prometheus metrics."""
     shutdown_delay_seconds: float = 0.0
+    """On SIGTERM ``/readyz`` answers 503 at once; new connections are still accepted this long
+    (so that endpoints stop routing here first)."""
     shutdown_grace_period_seconds: float = 25.0
+    """Then the listener closes, open watches end cleanly and requests in flight get this long
+    to finish."""
 
 
 def load_config(path: Path) -> Config:

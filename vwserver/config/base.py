@@ -102,9 +102,10 @@ class CommandConfig(Strict):
     """Keys every command's file has."""
 
     log_level: str = "info"
-    # json: one JSON object per line, for log collectors (the Deployment's choice); text: for
-    # people at a terminal.
+    """``debug``, ``info``, ``warning`` or ``error``."""
     log_format: LogFormat = "text"
+    """``json``: one JSON object per line, for log collectors (the Deployment's choice);
+    ``text``: for people at a terminal."""
 
 
 class ClusterAccess(Strict):
@@ -113,8 +114,13 @@ class ClusterAccess(Strict):
     ``/var/run/secrets/kubernetes.io/serviceaccount``, the token re-read as it rotates)."""
 
     kubeconfig: str | None = None
+    """A kubeconfig file (tokens, token files, client certificates, exec credential plugins)."""
     context: str | None = None
+    """The kubeconfig's context to use (default: its current context)."""
     in_cluster: bool = False
+    """``true``: the pod's ServiceAccount (token and CA under
+    ``/var/run/secrets/kubernetes.io/serviceaccount``, the token re-read as kubelet rotates
+    it)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from vwserver.syncer.runner import Syncer
 COMMAND = "sync"
 
 EXAMPLE_CONFIG = "config/syncer.example.yaml"
-"""The annotated example of every key, in the vwserver repository (and its README's Syncer
-section)."""
+"""The annotated example of every key, in the vwserver repository (the docs' "vwserver sync
+settings" page is the reference)."""
 
 DESCRIPTION = f"""\
 Sync the objects of an API published in kcp (read through a FilteredAPIExportEndpointSlice of
@@ -39,7 +39,7 @@ leader with a Lease in the downstream cluster; /healthz, /readyz and /metrics ar
 health port.
 
 Every configuration key, with its default, is in {EXAMPLE_CONFIG} (in the
-vwserver repository); the README's "Syncer" section explains the behaviour."""
+vwserver repository); the docs' "The syncer" page explains the behaviour."""
 
 EPILOG = f"""\
 examples:

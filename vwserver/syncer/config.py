@@ -67,8 +67,11 @@ class EndpointSliceRef(_Strict):
     ``status.endpoints`` is used (one per shard)."""
 
     kind: Literal["APIExportEndpointSlice", "FilteredAPIExportEndpointSlice"]
+    """kcp's own endpoint slice, or vwserver's filtered one."""
     workspace: str
+    """The endpoint slice's workspace (path or logical-cluster ID)."""
     name: str
+    """The endpoint slice's name."""
 
 
 class Upstream(ClusterAccess):
@@ -76,9 +79,11 @@ class Upstream(ClusterAccess):
     an endpoint slice."""
 
     urls: list[str] = msgspec.field(default_factory=list)
+    """Endpoint URLs given explicitly (one per shard), instead of ``endpointSlice``."""
     endpoint_slice: EndpointSliceRef | None = None
-    # How often the endpoint slice is re-read (shards come and go with bindings).
+    """Read the endpoint URLs from this endpoint slice's ``status.endpoints``."""
     refresh_seconds: float = 30.0
+    """How often the endpoint slice is re-read (shards come and go with bindings)."""
 
 
 class Endpoints(ClusterAccess):
@@ -94,9 +99,13 @@ class Endpoints(ClusterAccess):
     """
 
     ca_file: str | None = msgspec.field(default=None, name="caFile")
+    """The CA of the endpoints' serving certificate (e.g. vwserver's)."""
     token_file: str | None = None
+    """A file holding the bearer token for the endpoints, re-read as it rotates."""
     client_cert_file: str | None = None
+    """A client certificate for the endpoints (with ``clientKeyFile``)."""
     client_key_file: str | None = None
+    """The client certificate's key."""
 
     @property
     def own_credentials(self) -> bool:
@@ -117,22 +126,31 @@ class DownstreamType(_Strict):
     """The downstream resource an upstream resource is synced into (default: the same type)."""
 
     group: str
+    """The downstream API group."""
     version: str
+    """The downstream API version."""
     resource: str
+    """The downstream resource (plural)."""
     kind: str
+    """The downstream kind."""
 
 
 class ResourceConfig(_Strict):
     """One synced resource type. Upstream objects must be namespaced."""
 
     group: str
+    """The API group of the resource in kcp."""
     version: str
+    """Its version."""
     resource: str
+    """Its resource name (plural)."""
     kind: str
+    """Its kind."""
     downstream: DownstreamType | None = None
-    # Paths under ``status`` of the downstream object that never go up to kcp (e.g. internal
-    # connection strings).
+    """The downstream type it is synced into (default: the same)."""
     status_exclude: list[str] = msgspec.field(default_factory=list)
+    """Paths under ``status`` of the downstream object that never go up to kcp (e.g. internal
+    connection strings), dot-separated (``connection.secret``)."""
 
     @property
     def target(self) -> DownstreamType:
@@ -145,37 +163,57 @@ class LeaderElection(_Strict):
     """A ``coordination.k8s.io/v1`` Lease in the downstream cluster (client-go semantics)."""
 
     enabled: bool = True
+    """Elect a leader (``false``: this process syncs alone)."""
     namespace: str = "vwserver-syncer"
-    lease_name: str | None = None  # default: vwserver-syncer-<name>
+    """The Lease's namespace in the downstream cluster."""
+    lease_name: str | None = None
+    """The Lease's name (default: ``vwserver-syncer-<name>``)."""
     lease_duration_seconds: float = 15.0
+    """How long a Lease is valid without renewal (client-go's ``LeaseDuration``)."""
     renew_deadline_seconds: float = 10.0
+    """How long the leader keeps trying to renew before it gives up leading."""
     retry_period_seconds: float = 2.0
+    """How often acquiring or renewing is tried."""
 
 
 class Health(_Strict):
     """``/healthz``, ``/readyz`` and ``/metrics``; port 0 picks a free port."""
 
     enabled: bool = True
+    """Serve the health endpoints and metrics."""
     host: str = "127.0.0.1"
+    """Address to bind."""
     port: int = 8081
+    """Port to bind (0: a free port)."""
 
 
 class SyncerConfig(CommandConfig, kw_only=True):
     name: str
+    """This syncer's name: in its finalizer ``sync.edge-connect.eu/syncer-<name>``, its owner
+    label and its Lease (lowercase alphanumerics and ``-``, at most 56 characters)."""
     upstream: Upstream
+    """kcp, and where the endpoint URLs come from."""
     downstream: Downstream
-    # The connection to the endpoint URLs; default: upstream's (see Endpoints).
+    """The downstream cluster."""
     endpoints: Endpoints | None = None
+    """The connection to the endpoint URLs, when it is not ``upstream``'s (see the section)."""
     resources: list[ResourceConfig]
-    # Readable start of every downstream namespace name (the rest is derived from the source).
+    """The synced resource types."""
     namespace_prefix: str = "kcp-"
-    # Label/annotation key prefixes never copied downstream, on top of kcp's own (kcp.io/*, ...).
+    """Readable start of every downstream namespace name (the rest is derived from the
+    source)."""
     exclude_metadata_prefixes: list[str] = msgspec.field(default_factory=list)
+    """Label/annotation key prefixes never copied downstream, on top of kcp's own
+    (``kcp.io/*``, ...)."""
     workers: int = 4
-    # Every object is re-checked this often; the sweep of orphaned downstream objects runs then.
+    """Objects synced at once."""
     resync_seconds: float = 300.0
+    """Every object is re-checked this often; the sweep of orphaned downstream objects runs
+    then."""
     leader_election: LeaderElection = msgspec.field(default_factory=LeaderElection)
+    """Leader election in the downstream cluster."""
     health: Health = msgspec.field(default_factory=Health)
+    """The health listener."""
 
     @property
     def finalizer(self) -> str:
