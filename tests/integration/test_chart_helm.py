@@ -1,0 +1,284 @@
+"""The Helm chart (``charts/vwserver``), linted and rendered by the real helm.
+
+helm is built from the Go module proxy (``scripts/tools/build.sh helm``, cached). The chart is the
+source of ``manifests/deploy/`` (``scripts/gen-manifests.py``): the drift check here fails when the
+kustomize base and the chart's default rendering differ, so the kustomize tests
+(``tests/unit/test_manifests_kustomize.py``) check the chart's defaults too. On top of that:
+``helm lint --strict`` with default and non-default values, every optional object switched on
+(cert-manager Certificate, ServiceMonitor, NetworkPolicy) and off (PodDisruptionBudget), the
+values reaching the objects, and the rendered config file passing ``vwserver check-config`` with
+the paths the pod will see. Server-side validation of the rendered objects by a real
+kube-apiserver: ``tests/e2e/test_manifests_kubeapi.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "vwserver"
+
+Doc = dict[str, Any]
+
+# Non-default values exercising every switch and the values users set most.
+CUSTOM: Doc = {
+    "fullnameOverride": "vw",
+    "image": {
+        "repository": "registry.example.com/vwserver",
+        "digest": "sha256:" + "ab" * 32,
+        "pullPolicy": "Always",
+    },
+    "imagePullSecrets": [{"name": "regcred"}],
+    "replicas": 3,
+    "resources": {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"cpu": "2", "memory": "1Gi"},
+    },
+    "tls": {
+        "certManager": {
+            "enabled": True,
+            "issuerRef": {"name": "vw-ca", "kind": "ClusterIssuer"},
+        }
+    },
+    "kcpKubeconfigSecret": "kcp-identity",
+    "config": {
+        "externalURL": "https://slices.example.org:8443",
+        "controller": {"export": {"path": "root:providers:vw"}},
+        "auth": {"mode": "passthrough"},
+        "metrics": {"path": "/prom"},
+        "upstream": {"context": "base"},
+        "shutdownDelaySeconds": 10,
+        "shutdownGracePeriodSeconds": 50,
+        # The chart owns the paths of its mounts: a value here is overridden.
+        "tls": {"certFile": "/elsewhere/tls.crt"},
+    },
+    "podDisruptionBudget": {"minAvailable": 2},
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "networkPolicy": {
+        "enabled": True,
+        "ingressFrom": [{"namespaceSelector": {"matchLabels": {"team": "slices"}}}],
+        "egress": [{"ports": [{"port": 6443, "protocol": "TCP"}]}],
+    },
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "podAnnotations": {"example.com/owner": "platform"},
+}
+
+
+def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def render(helm: Path, tmp_path: Path, values: Doc | None = None) -> dict[str, Doc]:
+    """``helm template`` of the chart (release and namespace ``vwserver``), by kind."""
+    args = ["template", "vwserver", str(CHART), "--namespace", "vwserver"]
+    if values is not None:
+        values_file = tmp_path / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        args += ["--values", str(values_file)]
+    done = helm_run(helm, *args)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    kinds = [d["kind"] for d in docs]
+    assert len(kinds) == len(set(kinds)), kinds
+    return {d["kind"]: d for d in docs}
+
+
+def check_config(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``vwserver check-config`` on a rendered config file, its absolute paths moved under
+    ``tmp_path`` where (empty) files stand in for the mounted Secrets' keys."""
+    raw = yaml.safe_load(text)
+    for f in [raw["tls"]["certFile"], raw["tls"]["keyFile"], raw["upstream"]["kubeconfig"]]:
+        local = tmp_path / f.lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text("")
+    config = tmp_path / "config.yaml"
+    config.write_text(text.replace(": /etc/vwserver/", f": {tmp_path}/etc/vwserver/"))
+    return subprocess.run(
+        [sys.executable, "-m", "vwserver.cli", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def config_of(rendered: dict[str, Doc]) -> str:
+    return str(rendered["ConfigMap"]["data"]["config.yaml"])
+
+
+def test_generated_manifests_are_fresh(helm: Path) -> None:
+    """manifests/deploy/ is the chart's default rendering, and the API manifests are the
+    schema's (scripts/gen-manifests.py --check)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen-manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VWSERVER_HELM": str(helm)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_drift_is_detected(helm: Path, tmp_path: Path) -> None:
+    """The check compares the chart's rendering, not just the files' presence: a chart whose
+    default replicas differ from manifests/deploy/ fails it."""
+    chart = tmp_path / "repo"
+    (chart / "scripts").mkdir(parents=True)
+    (chart / "scripts" / "gen-manifests.py").write_text(
+        (REPO / "scripts" / "gen-manifests.py").read_text()
+    )
+    for tree in ("charts", "manifests"):
+        subprocess.run(["cp", "-r", str(REPO / tree), str(chart / tree)], check=True, timeout=30)
+    values = chart / "charts" / "vwserver" / "values.yaml"
+    text = values.read_text()
+    assert "\nreplicas: 2\n" in text
+    values.write_text(text.replace("\nreplicas: 2\n", "\nreplicas: 4\n"))
+    result = subprocess.run(
+        [sys.executable, str(chart / "scripts" / "gen-manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VWSERVER_HELM": str(helm)},
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "manifests/deploy/deployment.yaml" in result.stderr
+
+
+def test_chart_version_is_the_application_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == (version, version)
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["default", "custom"])
+def test_lint(helm: Path, tmp_path: Path, custom: bool) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    if custom:
+        values_file = tmp_path / "values.yaml"
+        values_file.write_text(yaml.safe_dump(CUSTOM))
+        args += ["--values", str(values_file)]
+    done = helm_run(helm, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+def test_default_objects_and_config(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, tmp_path)
+    assert set(rendered) == {
+        "ServiceAccount",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    }
+    pod = rendered["Deployment"]["spec"]["template"]
+    # a changed config rolls the pods
+    assert pod["metadata"]["annotations"]["checksum/config"]
+    done = check_config(config_of(rendered), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ok (0 slice(s))" in done.stdout
+
+
+def test_custom_values_reach_the_objects(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, tmp_path, CUSTOM)
+    assert set(rendered) == {
+        "ServiceAccount",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "Certificate",
+        "ServiceMonitor",
+        "NetworkPolicy",
+    }
+    for obj in rendered.values():
+        assert obj["metadata"]["name"].startswith("vw"), obj["kind"]
+        assert obj["metadata"]["namespace"] == "vwserver", obj["kind"]
+    deployment = rendered["Deployment"]["spec"]
+    assert deployment["replicas"] == 3
+    pod = deployment["template"]
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    assert c["image"] == "registry.example.com/vwserver@sha256:" + "ab" * 32
+    assert c["imagePullPolicy"] == "Always"
+    assert c["resources"] == CUSTOM["resources"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "platform"
+    # the drain (10 + 50) plus the margin for the Lease
+    assert spec["terminationGracePeriodSeconds"] == 70
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert secrets == {"tls": "vw-tls", "kcp-kubeconfig": "kcp-identity"}
+
+    # the Certificate writes the mounted TLS Secret, for the Service's names and externalURL's host
+    cert = rendered["Certificate"]["spec"]
+    assert cert["secretName"] == "vw-tls"
+    assert cert["issuerRef"] == {
+        "name": "vw-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert {"vw.vwserver.svc", "slices.example.org"} <= set(cert["dnsNames"])
+
+    pdb = rendered["PodDisruptionBudget"]["spec"]
+    assert pdb["minAvailable"] == 2
+    pod_labels = pod["metadata"]["labels"]
+    monitor = rendered["ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        rendered["Service"]["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("https", "https", "/prom")
+    assert endpoint["tlsConfig"]["serverName"] == "vw.vwserver.svc"
+    policy = rendered["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = policy["ingress"]
+    assert ingress["from"] == CUSTOM["networkPolicy"]["ingressFrom"]
+    assert policy["egress"] == CUSTOM["networkPolicy"]["egress"]
+
+    # the values' config, with the chart's mount paths winning, passes vwserver's own loader
+    config = yaml.safe_load(config_of(rendered))
+    assert config["tls"] == {
+        "certFile": "/etc/vwserver/tls/tls.crt",
+        "keyFile": "/etc/vwserver/tls/tls.key",
+    }
+    assert config["upstream"] == {"kubeconfig": "/etc/vwserver/kcp/kubeconfig", "context": "base"}
+    assert config["auth"] == {"mode": "passthrough"}
+    done = check_config(config_of(rendered), tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_switches_off(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, tmp_path, {"podDisruptionBudget": {"enabled": False}})
+    assert "PodDisruptionBudget" not in rendered
+
+
+def test_invalid_config_fails_check_config(helm: Path, tmp_path: Path) -> None:
+    """check-config is a real check of the rendered file: a value of the wrong type is refused,
+    naming the field."""
+    rendered = render(helm, tmp_path, {"config": {"listen": {"port": "https"}}})
+    done = check_config(config_of(rendered), tmp_path)
+    assert done.returncode == 2
+    assert "listen.port" in done.stderr
+
+
+def test_cert_manager_needs_an_issuer(helm: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"tls": {"certManager": {"enabled": True}}}))
+    done = helm_run(helm, "template", "vwserver", str(CHART), "--values", str(values))
+    assert done.returncode != 0
+    assert "tls.certManager.issuerRef.name is required" in done.stderr
