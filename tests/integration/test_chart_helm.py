@@ -1,13 +1,16 @@
-"""The Helm chart (``charts/vwserver``), linted and rendered by the real helm.
+"""The Helm charts (``charts/vwserver``, ``charts/vwserver-syncer``), linted and rendered by the
+real helm.
 
-helm is built from the Go module proxy (``scripts/tools/build.sh helm``, cached). The chart is the
-source of ``manifests/deploy/`` (``scripts/gen-manifests.py``): the drift check here fails when the
-kustomize base and the chart's default rendering differ, so the kustomize tests
-(``tests/unit/test_manifests_kustomize.py``) check the chart's defaults too. On top of that:
+helm is built from the Go module proxy (``scripts/tools/build.sh helm``, cached). The charts are
+the source of ``manifests/deploy/`` and ``manifests/syncer/`` (``scripts/gen-manifests.py``): the
+drift check here fails when a kustomize base and its chart's default rendering differ, so the
+kustomize tests (``tests/unit/test_manifests_kustomize.py``,
+``tests/unit/test_syncer_manifests_kustomize.py``) and the syncer's RBAC e2e test in kcp
+(``tests/e2e/test_syncer_deploy_kcp.py``) check the charts' defaults too. On top of that:
 ``helm lint --strict`` with default and non-default values, every optional object switched on
 (cert-manager Certificate, ServiceMonitor, NetworkPolicy) and off (PodDisruptionBudget), the
-values reaching the objects, and the rendered config file passing ``vwserver check-config`` with
-the paths the pod will see. Server-side validation of the rendered objects by a real
+values reaching the objects, and the rendered config files passing vwserver's own loaders
+(``vwserver check-config``, ``vwserver sync --check``) with the paths the pods will see. Server-side validation of the rendered objects by a real
 kube-apiserver: ``tests/e2e/test_manifests_kubeapi.py``.
 """
 
@@ -25,6 +28,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "vwserver"
+SYNCER_CHART = REPO / "charts" / "vwserver-syncer"
 
 Doc = dict[str, Any]
 
@@ -72,15 +76,55 @@ CUSTOM: Doc = {
 }
 
 
+# Non-default values of the syncer chart: two resources, one synced into another type downstream.
+SYNCER_CUSTOM: Doc = {
+    "replicas": 3,
+    "image": {"repository": "registry.example.com/vwserver", "tag": "0.1.0-rc1"},
+    "kcpKubeconfigSecret": "syncer-identity",
+    "config": {
+        "name": "us",
+        "upstream": {
+            "endpointSlice": {
+                "kind": "APIExportEndpointSlice",
+                "workspace": "root:provider",
+                "name": "widgets",
+            }
+        },
+        "resources": [
+            {"group": "example.io", "version": "v1", "resource": "widgets", "kind": "Widget"},
+            {
+                "group": "example.io",
+                "version": "v1",
+                "resource": "gadgets",
+                "kind": "Gadget",
+                "downstream": {
+                    "group": "ops.example.com",
+                    "version": "v2",
+                    "resource": "devices",
+                    "kind": "Device",
+                },
+            },
+        ],
+        "health": {"host": "0.0.0.0", "port": 9090},
+        # The chart owns what must match its objects: these are overridden.
+        "downstream": {"kubeconfig": "/elsewhere"},
+        "leaderElection": {"enabled": True, "namespace": "elsewhere"},
+    },
+    "networkPolicy": {"enabled": True},
+}
+
+
 def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(helm), *args], capture_output=True, text=True, timeout=120, check=False
     )
 
 
-def render(helm: Path, tmp_path: Path, values: Doc | None = None) -> dict[str, Doc]:
-    """``helm template`` of the chart (release and namespace ``vwserver``), by kind."""
-    args = ["template", "vwserver", str(CHART), "--namespace", "vwserver"]
+def render(
+    helm: Path, tmp_path: Path, values: Doc | None = None, *, chart: Path = CHART
+) -> dict[str, Doc]:
+    """``helm template`` of a chart (release and namespace: its name), by kind (each once)."""
+    args = ["template", chart.name, str(chart), "--namespace", chart.name]
     if values is not None:
         values_file = tmp_path / "values.yaml"
         values_file.write_text(yaml.safe_dump(values))
@@ -93,18 +137,25 @@ def render(helm: Path, tmp_path: Path, values: Doc | None = None) -> dict[str, D
     return {d["kind"]: d for d in docs}
 
 
-def check_config(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``vwserver check-config`` on a rendered config file, its absolute paths moved under
-    ``tmp_path`` where (empty) files stand in for the mounted Secrets' keys."""
+def check_config(
+    text: str, tmp_path: Path, *, syncer: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``vwserver check-config`` (``vwserver sync --check``) on a rendered config file, its
+    absolute paths moved under ``tmp_path`` where (empty) files stand in for the mounted
+    Secrets' keys."""
     raw = yaml.safe_load(text)
-    for f in [raw["tls"]["certFile"], raw["tls"]["keyFile"], raw["upstream"]["kubeconfig"]]:
+    named = [raw["upstream"]["kubeconfig"]]
+    if not syncer:
+        named += [raw["tls"]["certFile"], raw["tls"]["keyFile"]]
+    for f in named:
         local = tmp_path / f.lstrip("/")
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text("")
     config = tmp_path / "config.yaml"
     config.write_text(text.replace(": /etc/vwserver/", f": {tmp_path}/etc/vwserver/"))
+    command = ["sync", "--check"] if syncer else ["check-config"]
     return subprocess.run(
-        [sys.executable, "-m", "vwserver.cli", "check-config", "--config", str(config)],
+        [sys.executable, "-m", "vwserver.cli", *command, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -156,18 +207,23 @@ def test_drift_is_detected(helm: Path, tmp_path: Path) -> None:
     assert "manifests/deploy/deployment.yaml" in result.stderr
 
 
-def test_chart_version_is_the_application_version() -> None:
+@pytest.mark.parametrize("chart", [CHART, SYNCER_CHART], ids=lambda c: c.name)
+def test_chart_version_is_the_application_version(chart: Path) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert (chart["version"], chart["appVersion"]) == (version, version)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    assert (meta["version"], meta["appVersion"]) == (version, version)
 
 
-@pytest.mark.parametrize("custom", [False, True], ids=["default", "custom"])
-def test_lint(helm: Path, tmp_path: Path, custom: bool) -> None:
-    args = ["lint", "--strict", str(CHART)]
-    if custom:
+@pytest.mark.parametrize(
+    ("chart", "custom"),
+    [(CHART, None), (CHART, CUSTOM), (SYNCER_CHART, None), (SYNCER_CHART, SYNCER_CUSTOM)],
+    ids=["vwserver-default", "vwserver-custom", "syncer-default", "syncer-custom"],
+)
+def test_lint(helm: Path, tmp_path: Path, chart: Path, custom: Doc | None) -> None:
+    args = ["lint", "--strict", str(chart)]
+    if custom is not None:
         values_file = tmp_path / "values.yaml"
-        values_file.write_text(yaml.safe_dump(CUSTOM))
+        values_file.write_text(yaml.safe_dump(custom))
         args += ["--values", str(values_file)]
     done = helm_run(helm, *args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -282,3 +338,44 @@ def test_cert_manager_needs_an_issuer(helm: Path, tmp_path: Path) -> None:
     done = helm_run(helm, "template", "vwserver", str(CHART), "--values", str(values))
     assert done.returncode != 0
     assert "tls.certManager.issuerRef.name is required" in done.stderr
+
+
+def test_syncer_custom_values_reach_the_objects(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, tmp_path, SYNCER_CUSTOM, chart=SYNCER_CHART)
+    assert set(rendered) == {
+        "ServiceAccount",
+        "ConfigMap",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
+    spec = rendered["Deployment"]["spec"]
+    assert spec["replicas"] == 3
+    (c,) = spec["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example.com/vwserver:0.1.0-rc1"
+    assert c["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"}]
+    secrets = [
+        v["secret"]["secretName"] for v in spec["template"]["spec"]["volumes"] if "secret" in v
+    ]
+    assert secrets == ["syncer-identity"]
+    # one ClusterRole rule per synced resource, for its downstream type
+    rules = rendered["ClusterRole"]["rules"]
+    synced = [(r["apiGroups"], r["resources"]) for r in rules if "patch" in r["verbs"]]
+    assert synced == [(["example.io"], ["widgets"]), (["ops.example.com"], ["devices"])]
+    config = yaml.safe_load(config_of(rendered))
+    assert config["downstream"] == {"inCluster": True}
+    assert config["leaderElection"]["namespace"] == "vwserver-syncer"
+    assert rendered["Role"]["metadata"]["namespace"] == "vwserver-syncer"
+    done = check_config(config_of(rendered), tmp_path, syncer=True)
+    assert done.returncode == 0, done.stderr
+    assert "ok (2 resource(s))" in done.stdout
+
+
+def test_syncer_default_config_passes_its_loader(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, tmp_path, chart=SYNCER_CHART)
+    done = check_config(config_of(rendered), tmp_path, syncer=True)
+    assert done.returncode == 0, done.stderr

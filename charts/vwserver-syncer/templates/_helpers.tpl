@@ -41,11 +41,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-kcp-kubeconfig" (include "vwserver-syncer.fullname" .)) .Values.kcpKubeconfigSecret }}
 {{- end }}
 
-{{/* The config file: the values' config with the keys the chart's objects fix (a deep merge). */}}
+{{/*
+The config file: the values' config with the keys the chart's objects fix (a deep merge), and
+`downstream` replaced whole: this cluster, as the pod's ServiceAccount (a kubeconfig there would
+be mutually exclusive with inCluster).
+*/}}
 {{- define "vwserver-syncer.config" -}}
 {{- $fixed := dict
   "upstream" (dict "kubeconfig" "/etc/vwserver/kcp/kubeconfig")
-  "downstream" (dict "inCluster" true)
   "leaderElection" (dict "namespace" .Release.Namespace) }}
-{{- toYaml (mergeOverwrite (deepCopy .Values.config) $fixed) }}
+{{- $config := mergeOverwrite (deepCopy .Values.config) $fixed }}
+{{- $_ := set $config "downstream" (dict "inCluster" true) }}
+{{- toYaml $config }}
 {{- end }}
