@@ -98,6 +98,9 @@ class KubeAPIServerProcess(KcpProcess):
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             # RBAC only: no kubelets, hence no Node authorizer.
             "--authorization-mode=RBAC",
+            # The kubernetes Service's endpoints would name the advertise address, which may not
+            # be a loopback one: no endpoint reconciler (nothing routes to them here).
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
             f"--cert-dir={self.root_dir / 'certs'}",
         ]
