@@ -10,6 +10,8 @@ Namespaces enforce the ``restricted`` Pod Security Standard, whose admission war
 Deployment whose pods it would refuse — no warning may appear. The objects read back keep what
 was applied (nothing was dropped). Two controls show that both checks can fail: an unknown
 field is refused, and a pod allowed to escalate privileges draws the Pod Security warning.
+The syncer chart's RBAC is then asked, with a TokenRequest token of its ServiceAccount, what the
+real RBAC authorizer grants: exactly the syncer's verbs.
 
 The chart's Certificate and ServiceMonitor need cert-manager's and the Prometheus Operator's
 CRDs, which this server does not have: they are rendered but not applied (their shape is checked
@@ -18,6 +20,8 @@ in ``tests/integration/test_chart_helm.py``).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,8 +31,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from devenv.bootstrap import poll
 from devenv.kubeapi import KubeAPIServer, start_kube_apiserver
-from tests.integration.test_chart_helm import CHART, CUSTOM
+from devenv.shards import write_kubeconfig
+from tests.integration.test_chart_helm import CHART, CUSTOM, SYNCER_CHART
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_CRDS = {"Certificate", "ServiceMonitor"}
@@ -83,14 +89,20 @@ def kustomize(path: Path) -> list[Doc]:
 
 
 def helm_template(helm: Path, tmp_path: Path, *, namespace: str, values: Doc) -> list[Doc]:
+    return helm_template_chart(helm, tmp_path, chart=CHART, namespace=namespace, values=values)
+
+
+def helm_template_chart(
+    helm: Path, tmp_path: Path, *, chart: Path, namespace: str, values: Doc | None = None
+) -> list[Doc]:
     values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file.write_text(yaml.safe_dump(values or {}))
     done = subprocess.run(
         [
             str(helm),
             "template",
-            "vwserver",
-            str(CHART),
+            chart.name,
+            str(chart),
             f"--namespace={namespace}",
             f"--values={values_file}",
         ],
@@ -202,3 +214,75 @@ async def test_pod_security_warns_on_a_weaker_pod(
     assert done.returncode == 0, done.stderr
     assert 'would violate PodSecurity "restricted:latest"' in done.stderr
     assert "allowPrivilegeEscalation" in done.stderr
+
+
+async def test_syncer_rbac_is_what_the_syncer_needs(
+    kubeapi: KubeAPIServer, helm: Path, tmp_path: Path
+) -> None:
+    """The syncer chart's RBAC, applied to a real Kubernetes API server and asked with a
+    TokenRequest token of its ServiceAccount (what kubelet mounts): every verb of every rule is
+    granted by the real RBAC authorizer — cluster-wide for the synced resources, the Lease only
+    in the release's namespace — and nothing beyond (the copies' Secrets, updating namespaces,
+    another namespace's Leases). The same rules run a syncer against kcp in
+    tests/e2e/test_syncer_deploy_kcp.py."""
+    namespace = "syncer-rbac"
+    docs = helm_template_chart(helm, tmp_path, chart=SYNCER_CHART, namespace=namespace)
+    assert_applied_cleanly(kubeapi, [restricted_namespace(namespace), *docs])
+    (sa,) = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
+    token = kubectl(kubeapi, "create", "token", sa, f"--namespace={namespace}", "--duration=10m")
+    assert token.returncode == 0, token.stderr
+    as_syncer = write_kubeconfig(
+        tmp_path / "syncer.kubeconfig",
+        server=kubeapi.url,
+        ca=kubeapi.ca,
+        token=token.stdout.strip(),
+    )
+
+    def can(verb: str, resource: str, *, group: str = "", namespace: str = "") -> bool:
+        """A SelfSubjectAccessReview as the syncer (kubectl auth can-i cannot name a group
+        of a type the server does not serve: this server has no MongoDBCommunity CRD)."""
+        attrs = {"verb": verb, "resource": resource, "group": group, "namespace": namespace}
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        done = subprocess.run(
+            [
+                "kubectl",
+                f"--kubeconfig={as_syncer}",
+                "create",
+                "--validate=false",
+                "-o",
+                "json",
+                "-f",
+                "-",
+            ],
+            input=json.dumps(review),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return bool(json.loads(done.stdout)["status"].get("allowed", False))
+
+    # The authorizer reads RBAC objects from a watch cache: wait until the binding shows.
+    async def bound() -> bool | None:
+        return await asyncio.to_thread(can, "create", "namespaces") or None
+
+    await poll("the syncer's ClusterRoleBinding to take effect", bound, within=60)
+    mongo = {"group": "mongodbcommunity.mongodb.com"}
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert can(verb, "mongodbcommunity", **mongo), verb  # all namespaces
+    assert not can("update", "mongodbcommunity", **mongo)
+    assert not can("update", "mongodbcommunity/status", **mongo)
+    assert can("get", "namespaces") and can("create", "namespaces")
+    assert not can("update", "namespaces") and not can("delete", "namespaces")
+    assert can("create", "events", namespace="kcp-copies")
+    lease = {"group": "coordination.k8s.io"}
+    for verb in ("get", "create", "update"):
+        assert can(verb, "leases", namespace=namespace, **lease), verb
+        assert not can(verb, "leases", namespace="default", **lease), verb
+    assert not can("get", "secrets")
+    assert not can("list", "pods")
