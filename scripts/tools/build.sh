@@ -77,20 +77,6 @@ for name in "$@"; do
     cd "$here/$module"
     mapfile -t sources < <(find . -name '*.go' | LC_ALL=C sort)
     key=$({ go env GOVERSION; echo "$ldflags"; printf '%s\n' "${sources[@]}"; cat go.mod go.sum "${sources[@]}"; } | vw_hash)
-    out_dir="$(vw_cache_root)/tools/$module-$key"
-    bin="$out_dir/$name"
-    if [[ -x "$bin" ]]; then
-      echo "tools: using cached $name $bin" >&2
-    else
-      mkdir -p "$out_dir"
-      echo "tools: building $name into $out_dir (a first build takes minutes on 2 cores)" >&2
-      start=$(date +%s)
-      tmp="$out_dir/$name.tmp.$$"
-      trap 'rm -f "$tmp"' EXIT
-      go build -trimpath -ldflags="-s -w $ldflags" -o "$tmp" "$pkg"
-      mv "$tmp" "$bin"
-      echo "tools: built $name in $(( $(date +%s) - start ))s -> $bin" >&2
-    fi
-    echo "$bin"
+    vw_go_build_cached tools "$(vw_cache_root)/tools/$module-$key/$name" "$pkg" "$ldflags"
   )
 done

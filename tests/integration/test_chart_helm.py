@@ -167,17 +167,22 @@ def config_of(rendered: dict[str, Doc]) -> str:
     return str(rendered["ConfigMap"]["data"]["config.yaml"])
 
 
-def test_generated_manifests_are_fresh(helm: Path) -> None:
-    """manifests/deploy/ is the chart's default rendering, and the API manifests are the
-    schema's (scripts/gen-manifests.py --check)."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gen-manifests.py"), "--check"],
+def gen_manifests_check(repo: Path, helm: Path) -> subprocess.CompletedProcess[str]:
+    """``scripts/gen-manifests.py --check`` of the tree ``repo``, with this helm."""
+    return subprocess.run(
+        [sys.executable, str(repo / "scripts" / "gen-manifests.py"), "--check"],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "VWSERVER_HELM": str(helm)},
         check=False,
     )
+
+
+def test_generated_manifests_are_fresh(helm: Path) -> None:
+    """manifests/deploy/ and manifests/syncer/ are the charts' default renderings, and the API
+    manifests are the schema's."""
+    result = gen_manifests_check(REPO, helm)
     assert result.returncode == 0, result.stderr
 
 
@@ -195,14 +200,7 @@ def test_drift_is_detected(helm: Path, tmp_path: Path) -> None:
     text = values.read_text()
     assert "\nreplicas: 2\n" in text
     values.write_text(text.replace("\nreplicas: 2\n", "\nreplicas: 4\n"))
-    result = subprocess.run(
-        [sys.executable, str(chart / "scripts" / "gen-manifests.py"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "VWSERVER_HELM": str(helm)},
-        check=False,
-    )
+    result = gen_manifests_check(chart, helm)
     assert result.returncode == 1, result.stderr
     assert "manifests/deploy/deployment.yaml" in result.stderr
 
