@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devenv.kcp import KcpProcess
-from devenv.shards import Pki, make_pki, write_kubeconfig
+from devenv.shards import Pki, PkiServerProcess, make_pki, write_kubeconfig
 
 __all__ = ["KubeAPIServer", "start_kube_apiserver"]
 
@@ -65,21 +65,16 @@ class EtcdProcess(KcpProcess):
         ]
 
 
-class KubeAPIServerProcess(KcpProcess):
+class KubeAPIServerProcess(PkiServerProcess):
     """``kube-apiserver`` on a free loopback port, storing in :class:`EtcdProcess`."""
 
     def __init__(self, *, binary: Path, root_dir: Path, pki: Pki, etcd_url: str) -> None:
-        super().__init__(binary=binary, root_dir=root_dir, remove_root_dir=False)
-        self.pki = pki
+        super().__init__(binary=binary, root_dir=root_dir, pki=pki)
         self.etcd_url = etcd_url
 
     @property
     def log_file(self) -> Path:
         return self.root_dir / "kube-apiserver.log"
-
-    @property
-    def ready_marker(self) -> Path | None:
-        return None
 
     def command(self) -> list[str]:
         return [

@@ -76,6 +76,9 @@ CUSTOM: Doc = {
 }
 
 
+# What charts/vwserver renders with default values.
+SERVER_KINDS = {"ServiceAccount", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
+
 # Non-default values of the syncer chart: two resources, one synced into another type downstream.
 SYNCER_CUSTOM: Doc = {
     "replicas": 3,
@@ -230,13 +233,7 @@ def test_lint(helm: Path, tmp_path: Path, chart: Path, custom: Doc | None) -> No
 
 def test_default_objects_and_config(helm: Path, tmp_path: Path) -> None:
     rendered = render(helm, tmp_path)
-    assert set(rendered) == {
-        "ServiceAccount",
-        "ConfigMap",
-        "Deployment",
-        "Service",
-        "PodDisruptionBudget",
-    }
+    assert set(rendered) == SERVER_KINDS
     pod = rendered["Deployment"]["spec"]["template"]
     # a changed config rolls the pods
     assert pod["metadata"]["annotations"]["checksum/config"]
@@ -247,16 +244,7 @@ def test_default_objects_and_config(helm: Path, tmp_path: Path) -> None:
 
 def test_custom_values_reach_the_objects(helm: Path, tmp_path: Path) -> None:
     rendered = render(helm, tmp_path, CUSTOM)
-    assert set(rendered) == {
-        "ServiceAccount",
-        "ConfigMap",
-        "Deployment",
-        "Service",
-        "PodDisruptionBudget",
-        "Certificate",
-        "ServiceMonitor",
-        "NetworkPolicy",
-    }
+    assert set(rendered) == SERVER_KINDS | {"Certificate", "ServiceMonitor", "NetworkPolicy"}
     for obj in rendered.values():
         assert obj["metadata"]["name"].startswith("vw"), obj["kind"]
         assert obj["metadata"]["namespace"] == "vwserver", obj["kind"]
