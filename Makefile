@@ -31,6 +31,22 @@ go-clients:
 	@scripts/go/build.sh vwclient >/dev/null
 	@scripts/go/build.sh vwprovider >/dev/null
 
+# helm (the chart's tests) and kube-apiserver + etcd (a real Kubernetes API server for the
+# manifests' e2e tests), built from the Go module proxy into ~/.cache/vwserver
+# (scripts/tools/build.sh; the tests build them on first use too).
+.PHONY: tools chart manifests
+tools:
+	@scripts/tools/build.sh helm kube-apiserver etcd >/dev/null
+
+# Lint and render the Helm chart (charts/vwserver) and check manifests/deploy/ against it.
+chart: $(STAMP)
+	@$(call run_pytest,-q tests/integration/test_chart_helm.py)
+
+# Regenerate what scripts/gen-manifests.py owns: the API manifests and manifests/deploy/ (from
+# the chart).
+manifests: $(STAMP)
+	$(BIN)/python scripts/gen-manifests.py
+
 run: setup
 	$(BIN)/python -m devenv.demo $(if $(SHARDS),--shards=$(SHARDS))
 

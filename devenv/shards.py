@@ -204,8 +204,8 @@ def write_kubeconfig(
 # kcp's other servers, run like a shard (devenv.kcp owns the process lifetime)
 
 
-class CacheServerProcess(KcpProcess):
-    """``cache-server``: the shards' shared cache of replicated objects (APIExports, ...)."""
+class PkiServerProcess(KcpProcess):
+    """A server of the bed's PKI that is ready when its ``/readyz`` is (no marker file)."""
 
     def __init__(self, *, binary: Path, root_dir: Path, pki: Pki) -> None:
         super().__init__(binary=binary, root_dir=root_dir, remove_root_dir=False)
@@ -214,6 +214,10 @@ class CacheServerProcess(KcpProcess):
     @property
     def ready_marker(self) -> Path | None:
         return None
+
+
+class CacheServerProcess(PkiServerProcess):
+    """``cache-server``: the shards' shared cache of replicated objects (APIExports, ...)."""
 
     def command(self) -> list[str]:
         return [

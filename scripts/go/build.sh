@@ -61,21 +61,5 @@ mapfile -t sources < <(
     -o -name '*.go' -print | LC_ALL=C sort
 )
 key=$({ go env GOVERSION; printf '%s\n' "${sources[@]}"; cat go.mod go.sum "${sources[@]}"; } | vw_hash)
-out_dir="$(vw_cache_root)/$kind/$key"
-bin="$out_dir/$binary"
-
-if [[ -x "$bin" ]]; then
-  echo "go: using cached $binary $bin" >&2
-  echo "$bin"
-  exit 0
-fi
-
-mkdir -p "$out_dir"
-echo "go: building $binary into $out_dir (a first build compiles client-go and controller-runtime: minutes on 2 cores)" >&2
-start=$(date +%s)
-tmp="$out_dir/$binary.tmp.$$"
-trap 'rm -f "$tmp"' EXIT
-go build -trimpath -ldflags="-s -w" -o "$tmp" "./cmd/$binary"
-mv "$tmp" "$bin"
-echo "go: built $binary in $(( $(date +%s) - start ))s -> $bin" >&2
-echo "$bin"
+# A first build compiles client-go and controller-runtime: minutes on 2 cores.
+vw_go_build_cached go "$(vw_cache_root)/$kind/$key/$binary" "./cmd/$binary" ""

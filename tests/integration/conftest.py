@@ -11,12 +11,15 @@ import aiohttp
 import pytest
 
 from fakekcp.upstream import FakeUpstream, start_fake_upstream
+from tests.support.go_binaries import helm, pytest_collection_finish
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
 from vwserver.server import build_app
+
+__all__ = ["helm", "pytest_collection_finish"]
 
 SLICE_CLUSTER = "slicews"
 CLUSTERS = ("c1", "c2")
