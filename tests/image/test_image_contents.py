@@ -15,7 +15,7 @@ import json
 import re
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -123,7 +123,9 @@ def _certificates(data: bytes) -> set[bytes]:
     return {b"".join(m.split()) for m in PEM.findall(data)}
 
 
-def test_build_ca_bundle_is_in_no_layer(vwserver_image: str, tmp_path: Path) -> None:
+def test_build_ca_bundle_is_in_no_layer(
+    vwserver_image: str, tmp_path: Path, observe: Callable[[str], None]
+) -> None:
     """pip trusted ``/etc/ssl/certs/ca-certificates.crt`` of this machine during the build (the
     build secret): no layer holds that file or the secret's mount point, and no layer the
     Dockerfile added holds a certificate of that bundle which the base image lacks (such as a
@@ -153,6 +155,7 @@ def test_build_ca_bundle_is_in_no_layer(vwserver_image: str, tmp_path: Path) -> 
                 added[member.name] = certs
     assert seen > 1000  # the layers were read
     host_only = _certificates(host) - in_base
+    observe(f"{len(host_only)} certificates of {HOST_CA_BUNDLE} are not in the base image")
     for name, certs in added.items():
         assert not certs & host_only, f"{name} holds certificates of the build's CA bundle"
     history = _podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", vwserver_image)

@@ -18,7 +18,6 @@ from ``podman run`` to ``/readyz`` 200 is printed (not asserted: the machine is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import ssl
@@ -34,6 +33,7 @@ from devenv.demo import prepare_world, served_endpoint, write_kubeconfigs
 from devenv.kcp import REPO_ROOT, KcpInstance, free_ports
 from tests.e2e.controller_env import API_WS
 from tests.support.podman import Container, running
+from tests.support.vwserver_process import wait_readyz
 
 DEPLOY = REPO_ROOT / "manifests" / "deploy"
 FS_GROUP = 65532
@@ -89,25 +89,14 @@ def share_with_fs_group(directory: Path) -> None:
 
 async def wait_ready(base: str, *, ca: Path, container: Container, within: float) -> float:
     """Seconds from ``podman run`` until ``/readyz`` answered 200 over verified TLS."""
-    loop = asyncio.get_running_loop()
-    ctx = ssl.create_default_context(cafile=str(ca))
-    async with (
-        aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ctx), timeout=aiohttp.ClientTimeout(total=5)
-        ) as session,
-        asyncio.timeout(within),
-    ):
-        while True:
-            if container.process.returncode is not None:
-                raise AssertionError(
-                    f"the container exited with {container.process.returncode}:\n"
-                    f"{container.log_tail()}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(f"{base}/readyz") as r:
-                    if r.status == 200:
-                        return loop.time() - container.started
-            await asyncio.sleep(0.1)
+    await wait_readyz(
+        base,
+        ssl_context=ssl.create_default_context(cafile=str(ca)),
+        process=container.process,
+        log_tail=container.log_tail,
+        within=within,
+    )
+    return asyncio.get_running_loop().time() - container.started
 
 
 async def kubectl_json(kcp: KcpInstance, kubeconfig: Path, *args: str) -> dict[str, Any]:
