@@ -11,7 +11,7 @@ Where kcp comes from, first match wins:
 * ``KCP_KUBECONFIG`` (optional ``KCP_CONTEXT``): an existing kcp, never stopped by the tests. It
   must have been started with ``--token-auth-file=config/demo/users.csv``.
 * ``KCP_IMAGE``: a kcp container via testcontainers, when that package is installed and a Docker
-  engine answers.
+  engine answers (``DOCKER_HOST``; ``make e2e-container`` runs a module this way on podman).
 * ``KCP_BINARY``: that kcp binary.
 * otherwise ``scripts/kcp/build.sh`` (cached). It runs when collection finishes, not inside a
   test, so a long first build is not cut off by the per-test timeout.
