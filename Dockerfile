@@ -16,7 +16,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 # Where the network to PyPI goes through a TLS-inspecting proxy, pip must trust that proxy's CA:
 # give the CA bundle as a build secret and point pip at it, e.g. (what `make image` does)
-#   --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt --build-arg PIP_CERT=/run/secrets/pip-ca
+#   --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt
+#   --build-arg PIP_CERT=/run/secrets/pip-ca
 # A secret is mounted for the one RUN only and never stored in a layer; the build arg lives in
 # this build stage alone, which is not shipped. Without them pip uses its own CA bundle.
 ARG PIP_CERT

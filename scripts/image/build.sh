@@ -4,10 +4,10 @@
 #
 #   scripts/image/build.sh
 #
-# KEY is a hash of this script and of the build context the Dockerfile uses (.dockerignore: Dockerfile,
-# requirements-runtime.lock, pyproject.toml, README.md, vwserver/) and of the base image's ID, so
-# an unchanged tree reuses the image and a change rebuilds it (podman's layer cache keeps the
-# dependency layer while only vwserver/ changed).
+# KEY is a hash of this script, of the build context the Dockerfile uses (.dockerignore's
+# allow-list: requirements-runtime.lock, pyproject.toml, README.md, vwserver/; and the Dockerfile)
+# and of the base image's ID, so an unchanged tree reuses the image and a change rebuilds it
+# (podman's layer cache keeps the dependency layer while only vwserver/ changed).
 #
 # The base: scripts/image/base.sh (the Dockerfile's default, or a local Debian base where that
 # cannot be pulled). pip inside the build trusts this machine's CA bundle (the build secret
