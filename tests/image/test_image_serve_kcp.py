@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -32,59 +31,17 @@ from devenv.bootstrap import Bootstrap
 from devenv.demo import prepare_world, served_endpoint, write_kubeconfigs
 from devenv.kcp import REPO_ROOT, KcpInstance, free_ports
 from tests.e2e.controller_env import API_WS
-from tests.support.podman import Container, running
+from tests.support.podman import (
+    Container,
+    pod_spec,
+    podman_options,
+    running,
+    share_with_fs_group,
+)
 from tests.support.vwserver_process import wait_readyz
 
 DEPLOY = REPO_ROOT / "manifests" / "deploy"
-FS_GROUP = 65532
 TIMEOUT = 60.0  # seconds for any one awaited step
-
-
-def pod_spec(directory: Path) -> dict[str, Any]:
-    """The pod template's spec of ``directory``/deployment.yaml."""
-    doc = yaml.safe_load((directory / "deployment.yaml").read_text())
-    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
-    return spec
-
-
-def podman_options(spec: dict[str, Any], sources: dict[str, Path]) -> list[str]:
-    """``podman run`` options for the pod's one container: its security context, its volumes
-    (``sources``: volume name -> host directory; the ``emptyDir`` becomes a tmpfs) and the host
-    network."""
-    (container,) = spec["containers"]
-    security = container["securityContext"]
-    pod_security = spec["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True
-    assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"]["drop"] == ["ALL"]
-    options = [
-        "--network=host",
-        "--read-only",
-        "--read-only-tmpfs=false",
-        "--cap-drop=ALL",
-        "--security-opt=no-new-privileges",
-        f"--user={pod_security['runAsUser']}:{pod_security['runAsGroup']}",
-        f"--group-add={pod_security['fsGroup']}",
-    ]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    for mount in container["volumeMounts"]:
-        volume = volumes[mount["name"]]
-        if "emptyDir" in volume:
-            size = volume["emptyDir"]["sizeLimit"].removesuffix("Mi")
-            options.append(f"--tmpfs={mount['mountPath']}:rw,size={size}m,mode=1777")
-        else:
-            assert mount.get("readOnly") is True
-            options.append(f"--volume={sources[mount['name']]}:{mount['mountPath']}:ro")
-    return options
-
-
-def share_with_fs_group(directory: Path) -> None:
-    """What ``fsGroup`` and ``defaultMode: 0440`` do to a mounted Secret."""
-    os.chown(directory, 0, FS_GROUP)
-    directory.chmod(0o750)
-    for path in directory.iterdir():
-        os.chown(path, 0, FS_GROUP)
-        path.chmod(0o440)
 
 
 async def wait_ready(base: str, *, ca: Path, container: Container, within: float) -> float:

@@ -31,8 +31,7 @@ from tests.e2e.test_syncer_kcp import (
     unique,
     upstream_status,
 )
-from tests.image.test_image_serve_kcp import pod_spec, podman_options, share_with_fs_group
-from tests.support.podman import running
+from tests.support.podman import pod_spec, podman_options, running, share_with_fs_group
 
 __all__ = ["env"]
 

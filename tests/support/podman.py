@@ -23,24 +23,31 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from devenv.kcp import REPO_ROOT
 
 __all__ = [
     "CONTAINERS_CONF",
     "Container",
+    "pod_spec",
     "podman",
     "podman_env",
+    "podman_options",
     "pytest_collection_finish",
     "running",
+    "share_with_fs_group",
     "vwserver_image",
 ]
 
 IMAGE_SCRIPTS = REPO_ROOT / "scripts" / "image"
 CONTAINERS_CONF = IMAGE_SCRIPTS / "containers.conf"
 _IMAGE_KEY = pytest.StashKey[str]()  # "ok:<reference>" or why there is no image
+#: The group a pod's ``fsGroup`` gives mounted files (the image's USER 65532:65532).
+FS_GROUP = 65532
 
 
 def podman_env() -> dict[str, str]:
@@ -158,3 +165,54 @@ async def running(
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# A pod of manifests/ as a podman container
+
+
+def pod_spec(directory: Path) -> dict[str, Any]:
+    """The pod template's spec of ``directory``/deployment.yaml."""
+    doc = yaml.safe_load((directory / "deployment.yaml").read_text())
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def podman_options(spec: dict[str, Any], sources: dict[str, Path]) -> list[str]:
+    """``podman run`` options for the pod's one container: its security context, its volumes
+    (``sources``: volume name -> host directory; the ``emptyDir`` becomes a tmpfs) and the host
+    network."""
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    pod_security = spec["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    options = [
+        "--network=host",
+        "--read-only",
+        "--read-only-tmpfs=false",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        f"--user={pod_security['runAsUser']}:{pod_security['runAsGroup']}",
+        f"--group-add={pod_security['fsGroup']}",
+    ]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            size = volume["emptyDir"]["sizeLimit"].removesuffix("Mi")
+            options.append(f"--tmpfs={mount['mountPath']}:rw,size={size}m,mode=1777")
+        else:
+            assert mount.get("readOnly") is True
+            options.append(f"--volume={sources[mount['name']]}:{mount['mountPath']}:ro")
+    return options
+
+
+def share_with_fs_group(directory: Path) -> None:
+    """What ``fsGroup`` and ``defaultMode: 0440`` do to a mounted Secret."""
+    os.chown(directory, 0, FS_GROUP)
+    directory.chmod(0o750)
+    for path in directory.iterdir():
+        os.chown(path, 0, FS_GROUP)
+        path.chmod(0o440)
