@@ -32,8 +32,3 @@ vw_need_podman() {
   fi
   rm -f "$log"
 }
-
-# The image reference (localhost/NAME:KEY) exists in podman's storage.
-vw_image_exists() {
-  podman image exists "$1"
-}
