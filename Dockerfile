@@ -14,15 +14,25 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
+# Where the network to PyPI goes through a TLS-inspecting proxy, pip must trust that proxy's CA:
+# give the CA bundle as a build secret and point pip at it, e.g. (what `make image` does)
+#   --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt
+#   --build-arg PIP_CERT=/run/secrets/pip-ca
+# A secret is mounted for the one RUN only and never stored in a layer; the build arg lives in
+# this build stage alone, which is not shipped. Without them pip uses its own CA bundle.
+ARG PIP_CERT
 # The base image's pip installs into a virtualenv that has no pip of its own.
 RUN python -m venv --without-pip /opt/vwserver
 COPY requirements-runtime.lock /src/requirements-runtime.lock
-RUN python -m pip --python /opt/vwserver/bin/python install --no-deps --only-binary=:all: \
+RUN --mount=type=secret,id=pip-ca \
+    python -m pip --python /opt/vwserver/bin/python install --no-deps --only-binary=:all: \
         -r /src/requirements-runtime.lock
 COPY pyproject.toml README.md /src/
 COPY vwserver /src/vwserver
 # --no-deps: the lock above is the complete dependency set, and `pip check` proves it.
-RUN python -m pip --python /opt/vwserver/bin/python install --no-deps /src \
+# (pip fetches the build backend from PyPI: the same CA bundle.)
+RUN --mount=type=secret,id=pip-ca \
+    python -m pip --python /opt/vwserver/bin/python install --no-deps /src \
     && python -m pip --python /opt/vwserver/bin/python check
 
 FROM ${PYTHON_IMAGE}

@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup kcp go-clients run run-sync test docs check lint typecheck pytest unit integration e2e chaos bench soak lock clean
+.PHONY: setup kcp go-clients image e2e-container pytest-one run run-sync test docs check lint typecheck pytest unit integration e2e chaos bench soak lock clean
 
 setup: $(STAMP) kcp
 
@@ -47,13 +47,19 @@ chart: $(STAMP)
 manifests: $(STAMP)
 	$(BIN)/python scripts/gen-manifests.py
 
+# vwserver's container image, built from the Dockerfile with podman (installed from Debian's
+# packages when missing); prints its reference. Where the Dockerfile's pinned base cannot be
+# pulled, the base is assembled from Debian packages and cached (scripts/image/base.sh).
+image:
+	@scripts/image/build.sh
+
 run: setup
 	$(BIN)/python -m devenv.demo $(if $(SHARDS),--shards=$(SHARDS))
 
 run-sync: setup
 	$(BIN)/python -m devenv.seed_story
 
-test: setup check docs pytest
+test: setup check docs pytest e2e-container
 
 check: lint typecheck
 
@@ -88,6 +94,16 @@ integration: $(STAMP)
 
 e2e: $(STAMP) kcp go-clients
 	@$(call run_pytest,-q tests/e2e)
+
+# One e2e module with kcp in a container started by testcontainers (the KCP_IMAGE path of
+# tests/conftest.py) through podman's Docker-compatible API, from an image of the cached kcp
+# binary (scripts/image/with-podman-api.sh; KCP_IMAGE=... to use another image).
+e2e-container: $(STAMP) kcp
+	@scripts/image/with-podman-api.sh $(MAKE) --no-print-directory pytest-one \
+		PYTEST_ARGS='-q tests/e2e/test_proxy_kcp.py'
+
+pytest-one: $(STAMP)
+	@$(call run_pytest,$(PYTEST_ARGS))
 
 # The chaos tests alone (make test runs them too). Longer, e.g.:
 #   VWSERVER_CHAOS_KCP_KILLS=20 VWSERVER_CHAOS_WRITES=5000 make chaos

@@ -11,7 +11,7 @@ Where kcp comes from, first match wins:
 * ``KCP_KUBECONFIG`` (optional ``KCP_CONTEXT``): an existing kcp, never stopped by the tests. It
   must have been started with ``--token-auth-file=config/demo/users.csv``.
 * ``KCP_IMAGE``: a kcp container via testcontainers, when that package is installed and a Docker
-  engine answers.
+  engine answers (``DOCKER_HOST``; ``make e2e-container`` runs a module this way on podman).
 * ``KCP_BINARY``: that kcp binary.
 * otherwise ``scripts/kcp/build.sh`` (cached). It runs when collection finishes, not inside a
   test, so a long first build is not cut off by the per-test timeout.
@@ -140,9 +140,13 @@ async def world(request: pytest.FixtureRequest, kcp: KcpInstance) -> Bootstrap:
 
 
 # --------------------------------------------------------------------------------------------
-# KCP_IMAGE: kcp in a container. Not exercised where no Docker engine exists (as on the machine
-# this was written on). The URLs are pinned to 127.0.0.1:<same port inside and out> so that the
-# admin kubeconfig and the endpoint-slice URLs kcp publishes are valid from the host.
+# KCP_IMAGE: kcp in a container, started by testcontainers through a Docker-compatible API
+# (DOCKER_HOST; `make e2e-container` runs a module this way against podman's, with an image built
+# from the cached kcp binary: scripts/image/kcp-image.sh). The container shares the host's network
+# and kcp binds 127.0.0.1 on free ports, as the kcp binary does here: kcp's self-signed serving
+# certificate names the address it binds (behind a published port it names only localhost and the
+# container's own IP, which 127.0.0.1:<port> fails to verify against), and the admin kubeconfig
+# and the endpoint-slice URLs kcp publishes are then valid from the host as they are.
 
 
 @contextlib.asynccontextmanager
@@ -159,16 +163,15 @@ async def _kcp_container(image: str, *, workdir: Path) -> AsyncIterator[KcpInsta
     except Exception as e:
         _unavailable(f"KCP_IMAGE={image} is set but no Docker engine answers: {e}")
 
-    (port,) = free_ports(1)
+    port, etcd_client, etcd_peer = free_ports(3)
     base = f"https://127.0.0.1:{port}"
     container: Any = (
         DockerContainer(image)
-        .with_bind_ports(port, port)
+        .with_kwargs(network_mode="host")
         .with_volume_mapping(str(DEMO_DIR), "/demo", "ro")
         .with_command(
-            f"start --root-directory=/data --bind-address=0.0.0.0 --secure-port={port}"
-            f" --shard-base-url={base} --shard-external-url={base}"
-            f" --shard-virtual-workspace-url={base}"
+            f"start --root-directory=/data --bind-address=127.0.0.1 --secure-port={port}"
+            f" --embedded-etcd-client-port={etcd_client} --embedded-etcd-peer-port={etcd_peer}"
             " --batteries-included=+user --token-auth-file=/demo/users.csv"
         )
     )

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import ssl
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import yaml
 from devenv.demo import stop_process
 from devenv.kcp import free_ports
 
-__all__ = ["Reaper", "ServedProcess", "reaper", "vwserver_process"]
+__all__ = ["Reaper", "ServedProcess", "reaper", "vwserver_process", "wait_readyz"]
 
 
 class Reaper:
@@ -136,26 +136,42 @@ def _write_files(config: Mapping[str, Any], workdir: Path) -> tuple[int, int]:
 
 
 async def _wait_ready(served: ServedProcess, *, within: float) -> None:
+    await wait_readyz(
+        served.base,
+        ssl_context=served.ssl_context(),
+        process=served.process,
+        log_tail=served.log_tail,
+        within=within,
+    )
+
+
+async def wait_readyz(
+    base: str,
+    *,
+    ssl_context: ssl.SSLContext,
+    process: asyncio.subprocess.Process,
+    log_tail: Callable[[], str],
+    within: float,
+) -> None:
+    """Until ``base``/readyz answers 200 over TLS verified with ``ssl_context``; fails with
+    ``log_tail()`` when ``process`` exits first or ``within`` seconds pass."""
     try:
         async with (
             aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=served.ssl_context()),
+                connector=aiohttp.TCPConnector(ssl=ssl_context),
                 timeout=aiohttp.ClientTimeout(total=5),
             ) as session,
             asyncio.timeout(within),
         ):
             while True:
-                if served.process.returncode is not None:
+                if process.returncode is not None:
                     raise AssertionError(
-                        f"vwserver exited with code {served.process.returncode}:\n"
-                        f"{served.log_tail()}"
+                        f"vwserver exited with code {process.returncode}:\n{log_tail()}"
                     )
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(f"{served.base}/readyz") as r:
+                    async with session.get(f"{base}/readyz") as r:
                         if r.status == 200:
                             return
                 await asyncio.sleep(0.2)
     except TimeoutError:
-        raise AssertionError(
-            f"vwserver not ready within {within:.0f} s:\n{served.log_tail()}"
-        ) from None
+        raise AssertionError(f"vwserver not ready within {within:.0f} s:\n{log_tail()}") from None

@@ -1,10 +1,11 @@
-"""What can be checked of the Dockerfile without a Docker engine (there is none here).
+"""What the Dockerfile's text says, checked without building it.
 
 The instructions are parsed (line continuations, comments, ``ARG`` defaults) and checked for the
-properties that matter in production: a base image pinned by patch version and digest, a numeric
+properties that matter in production: a base image pinned by patch version and digest (the
+default for users; the tests build on a local base where it cannot be pulled), a numeric
 non-root ``USER``, an exec-form ``ENTRYPOINT``, no bytecode writes at runtime, and an install
-from the runtime lock only. ``tests/integration/test_docker_install.py`` executes the build
-stage's install steps for real. Not verified anywhere: the image build itself and the digest.
+from the runtime lock only. ``tests/image/`` builds the image with podman and checks what it
+holds and how it runs. Not verified anywhere: the default base's digest (no registry here).
 """
 
 from __future__ import annotations
@@ -188,3 +189,17 @@ def test_parser_handles_continuations_comments_and_args() -> None:
     ]
     assert parsed.stage("b").all("RUN") == ["a && b"]
     assert parsed.final.all("USER") == ["1:2"]
+
+
+def test_pip_ca_is_a_build_secret_of_the_build_stage_only() -> None:
+    """pip's CA bundle (a TLS-inspecting proxy's) comes as the build secret ``pip-ca`` for the
+    RUN steps that reach PyPI, and ``PIP_CERT`` is an ARG of the build stage: neither reaches
+    the final stage (``tests/image/test_image_contents.py`` checks the built image)."""
+    build = DOCKERFILE.stage("build")
+    assert build.all("ARG") == ["PIP_CERT"]
+    pip_runs = [r for r in build.all("RUN") if " pip " in r and " install " in r]
+    assert len(pip_runs) == 2
+    assert all(r.startswith("--mount=type=secret,id=pip-ca ") for r in pip_runs)
+    final = DOCKERFILE.final
+    assert not final.all("ARG")
+    assert not any("PIP_CERT" in args or "pip-ca" in args for _, args in final.instructions)
