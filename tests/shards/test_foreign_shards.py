@@ -21,7 +21,7 @@ from devenv.bootstrap import SAMPLE_NAMESPACES
 from devenv.shards import ROOT_SHARD, SECOND_SHARD
 from tests.e2e.controller_env import Served, unique
 from tests.shards.conftest import ShardedWorld
-from tests.shards.test_slices_shards import PROD, call, endpoints_by_shard, served, widgets
+from tests.shards.test_slices_shards import call, prod_endpoints, served, widgets
 
 __all__ = ["served"]  # the module fixture of test_slices_shards, one vwserver per module
 
@@ -74,9 +74,7 @@ async def test_a_cluster_the_shard_does_not_serve_gets_kcps_answer_for_every_ver
     what kcp's VW of that shard answers (403) — the cache serves nothing for them — while
     ``clusters/*`` shows that shard's consumer only."""
     w = sharded_world
-    name = unique("prod")
-    await served.create_slice(w.slices, name, selector=PROD)
-    endpoints = await endpoints_by_shard(w, served, name, count=2)
+    endpoints = await prod_endpoints(w, served)
     ns = SAMPLE_NAMESPACES[0]
     for shard, url in endpoints.items():
         (elsewhere,) = (c for c in w.world.consumers if c is not w.consumer_on(shard))
@@ -124,9 +122,7 @@ async def test_a_resource_version_of_the_other_shard_is_410_or_this_shards_never
     reached. One older than the target's is a revision of the target shard: its answer shows
     only the target shard's objects (or is 410 when that revision left the window)."""
     w = sharded_world
-    name = unique("prod")
-    await served.create_slice(w.slices, name, selector=PROD)
-    endpoints = await endpoints_by_shard(w, served, name, count=2)
+    endpoints = await prod_endpoints(w, served)
     root, second = endpoints[ROOT_SHARD], endpoints[SECOND_SHARD]
     mine = w.consumer_on(ROOT_SHARD)
     for _ in range(50):

@@ -43,12 +43,8 @@ class ShardBed(Bed):
     root_endpoints: dict[str, str] = field(default_factory=dict)
     """Slice name → its endpoint URL for the root shard."""
 
-    def slice_url(self, base: str, slice_name: str, name: str = "") -> str:
-        url = (
-            f"{self.endpoints[slice_name]}/clusters/{self.ws.cluster}/{API}/namespaces/"
-            f"{self.namespace}/widgets"
-        )
-        return f"{url}/{name}" if name else url
+    def slice_cluster_url(self, base: str, slice_name: str) -> str:
+        return f"{self.endpoints[slice_name]}/clusters/{self.ws.cluster}"
 
     def slice_id(self, slice_name: str) -> str:
         return f"{self.slices_cluster}/{slice_name}"

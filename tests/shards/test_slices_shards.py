@@ -23,6 +23,8 @@ from devenv.shards import ROOT_SHARD, SECOND_SHARD, SHARD_NAMES, on_shard
 from devenv.slices import export_grant, wait_slice_ready
 from tests.e2e.controller_env import Served, eventually, serving, unique
 from tests.shards.conftest import ShardedWorld
+from tests.support.widgets import export_binding as widget_export_binding
+from tests.support.widgets import widget_export
 from vwserver.auth.guard import Guard
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kcp import endpoint_urls, shard_id, slice_endpoint_urls
@@ -133,21 +135,7 @@ async def another_export(w: ShardedWorld, prefix: str, *, granted: bool = True) 
     ``granted`` to the slice workspace (``root:slices``) or not; its name."""
     front = w.bed.front
     export = unique(prefix) + ".example.io"
-    doc = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIExport",
-        "metadata": {"name": export},
-        "spec": {
-            "resources": [
-                {
-                    "group": w.world.group,
-                    "name": w.world.resource,
-                    "schema": f"v1.{w.world.resource}.{w.world.group}",
-                    "storage": {"crd": {}},
-                }
-            ]
-        },
-    }
+    doc = widget_export(export)
     await apply_retrying(front, w.world.provider.url, json.dumps(doc), within=60)
     if granted:
         grant = export_grant(slice_cluster=w.slices.cluster, export_name=export)
@@ -157,12 +145,15 @@ async def another_export(w: ShardedWorld, prefix: str, *, granted: bool = True) 
 
 def export_binding(w: ShardedWorld, export: str) -> dict[str, Any]:
     """An APIBinding to ``export`` of the provider's workspace."""
-    return {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIBinding",
-        "metadata": {"name": export},
-        "spec": {"reference": {"export": {"path": w.world.provider.path, "name": export}}},
-    }
+    return widget_export_binding(provider_path=w.world.provider.path, export=export)
+
+
+async def prod_endpoints(w: ShardedWorld, served: Served) -> dict[str, str]:
+    """A new slice (in ``root:slices``) of the demo's env=prod widgets: its endpoint URL per
+    shard."""
+    name = unique("prod")
+    await served.create_slice(w.slices, name, selector=PROD)
+    return await endpoints_by_shard(w, served, name, count=2)
 
 
 async def test_a_slice_lists_one_endpoint_per_shard_and_each_serves_that_shard(
@@ -233,9 +224,7 @@ async def test_writes_through_each_shards_endpoint_land_on_that_shard(
     """Issue #24 point 2: create, patch and delete through each endpoint, in the consumer on
     that shard; kcp (through the front-proxy) sees each write."""
     w = sharded_world
-    name = unique("prod")
-    await served.create_slice(w.slices, name, selector=PROD)
-    endpoints = await endpoints_by_shard(w, served, name, count=2)
+    endpoints = await prod_endpoints(w, served)
     ns = SAMPLE_NAMESPACES[0]
     for shard, url in endpoints.items():
         mine = w.consumer_on(shard)
