@@ -265,10 +265,13 @@ async def refuse_foreign_resource_version(ctx: ProxyRequest, rv: int) -> None:
     this shard's (each shard is its own etcd; its resourceVersions are that etcd's revisions,
     which only grow), so it came from another shard's endpoint — or from nowhere.
 
-    kcp fact (v0.32.3, the sharded bed): kcp's VW, given such a resourceVersion, waits for a
-    revision its etcd has not reached — a LIST with ``NotOlderThan`` or ``Exact`` got no answer
-    for at least 12 s, a WATCH from it is 200 and silently skips the shard's changes until its
-    etcd gets there. vwserver answers at once instead, with the apiserver's "your
+    kcp fact (v0.32.3, the sharded bed, tests/shards/test_versions_shards.py): kcp's VW,
+    given such a resourceVersion, waits for a revision its etcd has not reached — a LIST with
+    ``NotOlderThan`` or ``Exact`` got no answer for at least 12 s; a WATCH from it is 200 with
+    no event until its ``timeoutSeconds``, and the changes the shard makes before its etcd
+    reaches that revision are older than the watch's start, so no watch from there ever sends
+    them. The cache's watch would skip them the same way. vwserver answers at once instead,
+    with the apiserver's "your
     resourceVersion is unusable" code that client-go's reflector handles by relisting from
     scratch (``apierrors.IsResourceExpired``). A resourceVersion of another shard that is
     *lower* than this shard's is indistinguishable from an old one of this shard: it gets the
