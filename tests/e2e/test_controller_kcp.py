@@ -29,6 +29,7 @@ from tests.e2e.controller_env import (
     serving,
     unique,
 )
+from tests.support.widgets import export_binding, widget_export
 from vwserver.clock import SystemClock
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
@@ -137,29 +138,10 @@ async def test_missing_export_is_reported_then_ready_once_it_exists(served: Serv
 async def _create_and_bind_export(served: Served, export: str) -> None:
     """The export (reusing the Widget schema), bound in a new workspace so it gets a URL."""
     world = served.world
-    doc = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIExport",
-        "metadata": {"name": export},
-        "spec": {
-            "resources": [
-                {
-                    "group": "example.io",
-                    "name": "widgets",
-                    "schema": "v1.widgets.example.io",
-                    "storage": {"crd": {}},
-                }
-            ]
-        },
-    }
+    doc = widget_export(export)
     await served.kubectl(world.provider, "apply", "-f", "-", input=json.dumps(doc))
     consumer = await create_workspace(served.kcp, unique("gadget-user"))
-    binding = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIBinding",
-        "metadata": {"name": export},
-        "spec": {"reference": {"export": {"path": world.provider.path, "name": export}}},
-    }
+    binding = export_binding(provider_path=world.provider.path, export=export)
     await served.kubectl(consumer, "apply", "-f", "-", input=json.dumps(binding))
 
 

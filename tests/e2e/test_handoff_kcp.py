@@ -94,10 +94,13 @@ class Bed(RestCalls):
         url = f"{self.ws.url}/{API}/namespaces/{self.namespace}/widgets"
         return f"{url}/{name}" if name else url
 
+    def slice_cluster_url(self, base: str, slice_name: str) -> str:
+        """Slice ``slice_name`` (served at ``base``) for the bed's consumer cluster."""
+        return slice_url(base, self.world, slice_name, self.ws.cluster)
+
     def slice_url(self, base: str, slice_name: str, name: str = "") -> str:
         url = (
-            f"{slice_url(base, self.world, slice_name, self.ws.cluster)}/{API}/namespaces/"
-            f"{self.namespace}/widgets"
+            f"{self.slice_cluster_url(base, slice_name)}/{API}/namespaces/{self.namespace}/widgets"
         )
         return f"{url}/{name}" if name else url
 

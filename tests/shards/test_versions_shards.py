@@ -8,7 +8,8 @@ a revision its etcd has not reached); a watch from that rv is 200 with no event 
 ``timeoutSeconds`` (the other direction, an rv lower than the shard's own, was not tried: kcp's
 tokens and resourceVersions carry no shard, so nothing there tells a client it mixed shards).
 vwserver's cache tokens name the shard they came from, so there they are a 400; a bare
-resourceVersion carries no shard and is not checked (what kcp does is what the client gets).
+resourceVersion carries no shard, but one newer than the shard's current is a 410 Expired
+(tests/shards/test_foreign_shards.py).
 """
 
 from __future__ import annotations

@@ -25,6 +25,32 @@ def widget(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def widget_export(name: str) -> dict[str, Any]:
+    """Another APIExport ``name`` of the demo's Widget schema (for the provider's workspace)."""
+    resource = {
+        "group": "example.io",
+        "name": "widgets",
+        "schema": "v1.widgets.example.io",
+        "storage": {"crd": {}},
+    }
+    return {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIExport",
+        "metadata": {"name": name},
+        "spec": {"resources": [resource]},
+    }
+
+
+def export_binding(*, provider_path: str, export: str) -> dict[str, Any]:
+    """An APIBinding to ``export`` of the workspace at ``provider_path``."""
+    return {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": {"name": export},
+        "spec": {"reference": {"export": {"path": provider_path, "name": export}}},
+    }
+
+
 async def list_widgets(
     kcp: KcpInstance, workspaces: Sequence[Workspace], namespace: str
 ) -> dict[Key, dict[str, Any]]:

@@ -354,3 +354,21 @@ def test_an_interner_shares_repeated_metadata_and_stays_bounded() -> None:
     for i in range(5):  # more distinct label sets than the table may hold: it starts over
         entry(json.dumps(obj(KEYS[1], {"n": str(i)}, 5 + i)).encode(), interner=interner)
         assert len(interner) <= 4
+
+
+def test_holds_cluster_is_true_only_for_a_cluster_with_a_current_object() -> None:
+    """Whether the cache holds any object of a logical cluster (what a named-cluster read from
+    the cache needs to know before it answers without asking kcp)."""
+    store = Store()
+    store.replace([make(("b", "ns", "x"), {}, 5), make(("d", "", "y"), {}, 6)], 6)
+    assert [store.holds_cluster(c) for c in ("a", "b", "c", "d", "e", "")] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
+    store.apply("DELETED", make(("b", "ns", "x"), {}, 7))
+    assert not store.holds_cluster("b")
+    assert store.holds_cluster("d")

@@ -110,6 +110,12 @@ class Store:
             return entries[index]
         return None
 
+    def holds_cluster(self, cluster: str) -> bool:
+        """Whether any current object is of logical cluster ``cluster`` (a binary search)."""
+        entries = self._entries
+        index = bisect.bisect_left(entries, (cluster, "", ""), key=_key)
+        return index < len(entries) and _key(entries[index])[0] == cluster
+
     def entries_of(self, cluster: str, *, namespace: str | None = None) -> list[Entry]:
         """The current objects of one logical cluster (and ``namespace``, if given), by key:
         a binary search and the entries of that range."""

@@ -42,6 +42,7 @@ from vwserver.cache.views import (
 )
 from vwserver.errors import BadRequest, Expired, SelectorError
 from vwserver.holds import as_leaving
+from vwserver.k8s import kcp
 from vwserver.k8s.kcp import ORIGINAL_API_VERSION_ANNOTATION, shard_id
 from vwserver.k8s.status import status_body
 from vwserver.proxy.cache_plan import Consistency, Continue, ListPlan, WatchPlan, encode_continue
@@ -204,6 +205,9 @@ async def ready(
     the next event — the client's informer ends at the same state either way."""
     if not await resource.wait_synced(SYNC_WAIT):
         raise Fallback(f"cache of {ctx.api.resource} not synced: {resource.last_error}")
+    await _cluster_served_here(ctx, resource)
+    if consistency is not Consistency.CONSISTENT and rv > resource.store.rv:
+        await refuse_foreign_resource_version(ctx, rv)
     loop = asyncio.get_running_loop()
     if consistency is Consistency.CONSISTENT:
         if resource.behind_upstream and not watch:
@@ -226,6 +230,59 @@ async def ready(
         raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
     if consistency is Consistency.CONSISTENT:
         ctx.metrics.cache_freshness_wait.observe(loop.time() - started)
+
+
+async def _cluster_served_here(ctx: ProxyRequest, resource: SharedResource) -> None:
+    """:class:`Fallback` (kcp answers the request) for a named logical cluster that kcp's VW
+    of this shard may not serve at all.
+
+    kcp fact (v0.32.3, verified on the sharded bed, tests/shards/test_foreign_shards.py): the
+    APIExport VW of a shard answers 403 Forbidden to LIST, WATCH, GET and writes for a logical
+    cluster that has no APIBinding to the export on that shard — one that lives on another
+    shard, binds nothing, or does not exist — while ``clusters/*`` shows only the shard's own
+    objects. The shared cache holds ``clusters/*``: an object of the cluster there is taken as
+    kcp serving it on this shard (an APIBinding's deletion deletes its objects first); without
+    one, a one-item LIST of that cluster asks kcp (vwserver's identity, only its status code is
+    used), and anything but 200 leaves the request to kcp, which gives its own answer.
+    (Seen on the same bed and not handled here: that VW's ``clusters/*`` also shows the
+    objects of a workspace bound to *another* export of the same APIResourceSchema,
+    tests/shards/test_consent_auth_shards.py; a named request for that workspace is then
+    served from the cache where kcp's VW may refuse it.)"""
+    cluster = ctx.path.cluster
+    if ctx.path.wildcard or resource.store.holds_cluster(cluster):
+        return
+    url = f"{kcp.clusters(ctx.upstream_base, cluster)}{api_path(ctx)}"
+    async with ctx.upstream.request(
+        "GET", url, query=[("limit", "1")], headers=ctx.upstream_headers()
+    ) as up:
+        await up.read()
+        if up.status != 200:
+            raise Fallback(f"upstream answered {up.status} for cluster {cluster}")
+
+
+async def refuse_foreign_resource_version(ctx: ProxyRequest, rv: int) -> None:
+    """410 Expired for a resourceVersion newer than the shard's current one: it cannot be
+    this shard's (each shard is its own etcd; its resourceVersions are that etcd's revisions,
+    which only grow), so it came from another shard's endpoint — or from nowhere.
+
+    kcp fact (v0.32.3, the sharded bed, tests/shards/test_versions_shards.py): kcp's VW,
+    given such a resourceVersion, waits for a revision its etcd has not reached — a LIST with
+    ``NotOlderThan`` or ``Exact`` got no answer for at least 12 s; a WATCH from it is 200 with
+    no event until its ``timeoutSeconds``, and the changes the shard makes before its etcd
+    reaches that revision are older than the watch's start, so no watch from there ever sends
+    them. The cache's watch would skip them the same way. vwserver answers at once instead,
+    with the apiserver's "your
+    resourceVersion is unusable" code that client-go's reflector handles by relisting from
+    scratch (``apierrors.IsResourceExpired``). A resourceVersion of another shard that is
+    *lower* than this shard's is indistinguishable from an old one of this shard: it gets the
+    answer for that revision of this shard (410 when it left the window), never another
+    shard's objects."""
+    current = await _upstream_resource_version(ctx)
+    if rv > current:
+        raise Expired(
+            f"resourceVersion {rv} is newer than this shard's current {current}: "
+            "resourceVersions are per shard; relist through this endpoint"
+        )
 
 
 async def _upstream_resource_version(ctx: ProxyRequest) -> int:

@@ -19,6 +19,7 @@ time until its response headers went out (:func:`record_headers_sent`), not its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -289,7 +290,21 @@ class ProxyHandler:
             # No slice's objects: GET and WATCH check the scope only (ctx.membership).
             if api.verb is Verb.LIST:
                 return await lists.serve_apibindings_list(ctx)
+        if ctx.path.shard and api.verb in (Verb.LIST, Verb.WATCH):
+            await _refuse_foreign_resource_version(ctx)
         return await _BY_VERB[api.verb](ctx)
+
+
+async def _refuse_foreign_resource_version(ctx: ProxyRequest) -> None:
+    """On a shard's endpoint, a LIST or WATCH that kcp answers (not the cache, which checks
+    for itself): 410 for a resourceVersion newer than the shard has (another shard's,
+    :func:`cached.refuse_foreign_resource_version`) — one small upstream read per request
+    that carries a resourceVersion. When that read fails, kcp answers the request."""
+    rv = ctx.options.get("resourceVersion") or ""
+    if not rv.isdigit() or rv == "0":
+        return  # no revision (or not one): kcp answers, as for any other value
+    with contextlib.suppress(cached.Fallback):
+        await cached.refuse_foreign_resource_version(ctx, int(rv))
 
 
 _ID_PREFIX = secrets.token_hex(6)
