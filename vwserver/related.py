@@ -110,15 +110,25 @@ def names_at(
 
 @dataclass(frozen=True, slots=True)
 class Reference:
-    """``referencedBy``: names at ``path`` in objects visible through the slice — of the one
-    export resource ``source`` names, or (None) of any of the export's resources."""
+    """``referencedBy``: names at ``path`` in the objects of the export's resource ``source``
+    (group, resource) that are visible through the slice. ``version`` is the version the
+    index reads it at (a watch needs one; the names are in the same place in every version
+    of a well-behaved API)."""
 
     path: tuple[Step, ...]
     text: str
-    source: ClaimKey | None = None
+    source: ClaimKey
+    version: str
 
     def applies_to(self, group: str, resource: str) -> bool:
-        return self.source is None or self.source == (group, resource)
+        return self.source == (group, resource)
+
+    @property
+    def collection_path(self) -> str:
+        """The referencing collection below a cluster, ``/apis/<g>/<v>/<resource>``."""
+        group, resource = self.source
+        prefix = f"/apis/{group}/{self.version}" if group else f"/api/{self.version}"
+        return f"{prefix}/{resource}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +154,8 @@ class Rule:
         if self.selector is not None:
             return f"{self.field} (selector {self.selector.render()!r})"
         assert self.reference is not None
-        source = (
-            f" of {_resource_name(*self.reference.source)}"
-            if self.reference.source is not None
-            else ""
-        )
-        return f"{self.field} (referencedBy {self.reference.text!r}{source})"
+        source = _resource_name(*self.reference.source)
+        return f"{self.field} (referencedBy {self.reference.text!r} of {source})"
 
 
 def _resource_name(group: str, resource: str) -> str:
@@ -180,6 +186,16 @@ class RelatedRules:
 
     def references(self) -> Iterator[Rule]:
         return (r for r in self.rules if r.reference is not None)
+
+    def sources(self) -> tuple[Reference, ...]:
+        """One :class:`Reference` per referencing collection (group, version, resource) the
+        index must follow, in rule order."""
+        out: dict[tuple[str, str, str], Reference] = {}
+        for rule in self.references():
+            assert rule.reference is not None
+            ref = rule.reference
+            out.setdefault((*ref.source, ref.version), ref)
+        return tuple(out.values())
 
     def references_from(self, group: str, resource: str) -> tuple[Rule, ...]:
         """The ``referencedBy`` rules whose references objects of (group, resource) make."""
@@ -241,24 +257,28 @@ def _parse_rule(index: int, raw: object, *, field: str) -> Rule:
     ref = raw["referencedBy"]
     if not isinstance(ref, Mapping):
         raise ConfigError(f"{field}.referencedBy", "must be an object")
-    unknown = set(ref) - {"path", "group", "resource"}
+    unknown = set(ref) - {"path", "group", "version", "resource"}
     if unknown:
         raise ConfigError(f"{field}.referencedBy.{sorted(unknown)[0]}", "unknown field")
     text = _string(ref.get("path"), field=f"{field}.referencedBy.path")
     path = parse_path(text, field=f"{field}.referencedBy.path")
-    source: ClaimKey | None = None
-    if "resource" in ref or "group" in ref:
-        src_group = _string(ref.get("group", ""), field=f"{field}.referencedBy.group")
-        src_resource = _string(ref.get("resource", ""), field=f"{field}.referencedBy.resource")
-        if not src_resource or not _RESOURCE_RE.match(src_resource):
-            raise ConfigError(
-                f"{field}.referencedBy.resource",
-                "names the referencing resource of the export (plural); required with group",
-            )
-        if not _GROUP_RE.match(src_group):
-            raise ConfigError(f"{field}.referencedBy.group", f"{src_group!r} is not an API group")
-        source = (src_group, src_resource)
-    return Rule(index, group, resource, reference=Reference(path, text, source))
+    src_group = _string(ref.get("group", ""), field=f"{field}.referencedBy.group")
+    src_version = _string(ref.get("version", ""), field=f"{field}.referencedBy.version")
+    src_resource = _string(ref.get("resource", ""), field=f"{field}.referencedBy.resource")
+    if not src_resource or not _RESOURCE_RE.match(src_resource):
+        raise ConfigError(
+            f"{field}.referencedBy.resource",
+            "must name the referencing resource of the export (plural, e.g. mongodbcommunity)",
+        )
+    if not src_version or not _RESOURCE_RE.match(src_version):
+        raise ConfigError(
+            f"{field}.referencedBy.version",
+            "must name the version of the referencing resource (e.g. v1)",
+        )
+    if not _GROUP_RE.match(src_group):
+        raise ConfigError(f"{field}.referencedBy.group", f"{src_group!r} is not an API group")
+    reference = Reference(path, text, (src_group, src_resource), src_version)
+    return Rule(index, group, resource, reference=reference)
 
 
 def _string(value: object, *, field: str) -> str:
@@ -282,7 +302,7 @@ def check_claims(
                 f"{_resource_name(*rule.claim)}"
             )
         ref = rule.reference
-        if ref is not None and ref.source is not None and ref.source not in exported_set:
+        if ref is not None and ref.source not in exported_set:
             return (
                 f"{rule.field}.referencedBy: the APIExport exports no resource "
                 f"{_resource_name(*ref.source)}"
@@ -362,8 +382,11 @@ class ReferenceIndex:
             self._forward.pop(referrer, None)
         return out
 
-    def replace(self, entries: Iterable[tuple[ReferrerKey, References]]) -> list[Transition]:
-        """The whole set of referrers now (a relist): every referrer not among ``entries``
+    def replace(
+        self, entries: Iterable[tuple[ReferrerKey, References]], *, scope: ClaimKey | None = None
+    ) -> list[Transition]:
+        """The whole set of referrers now (a relist) — of the referencing resource ``scope``
+        (group, resource; None: of every one): every such referrer not among ``entries``
         references nothing any more."""
         wanted = dict(entries)
         out: list[Transition] = []
@@ -379,7 +402,9 @@ class ReferenceIndex:
             out.extend(self.update(referrer, union))
         for referrer, refs in wanted.items():
             out.extend(self.update(referrer, refs))
-        for referrer in [r for r in self._forward if r not in wanted]:
+        for referrer in [
+            r for r in self._forward if r not in wanted and (scope is None or (r[0], r[1]) == scope)
+        ]:
             out.extend(self.update(referrer, {}))
         return out
 
@@ -432,3 +457,28 @@ def describe_rules(rules: Sequence[Rule]) -> str:
     if not rules:
         return f"no rule in {FIELD} shows this resource"
     return "; ".join(r.describe() for r in rules)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedView:
+    """How a slice's membership sees one claimed resource (:attr:`vwserver.holds.Member.
+    claimed`): its rules and the slice's live reference index (None: not followed — a
+    ``referencedBy`` rule then shows nothing). Claimed objects are never held by a slice: the
+    handoff's holds are for the export's own resources."""
+
+    claim: ClaimKey
+    rules: tuple[Rule, ...]
+    index: ReferenceIndex | None = field(default=None, compare=False)
+    cluster: str = ""
+    """The request's logical cluster (a write's body need not name it); ``*``: a wildcard
+    read, where every object names its own."""
+
+    def sees(self, key: ObjectKey | None, labels: Mapping[str, str] | None) -> bool:
+        """Whether the object ``key`` (None: unknown — never visible) with ``labels`` is."""
+        return key is not None and visible(self.rules, key=key, labels=labels, index=self.index)
+
+    def rule_for(self, key: ObjectKey, labels: Mapping[str, str] | None) -> Rule | None:
+        return matching_rule(self.rules, key=key, labels=labels, index=self.index)
+
+    def describe(self) -> str:
+        return describe_rules(self.rules)

@@ -40,10 +40,14 @@ MONGO_RULES = [
         "referencedBy": {
             "path": "spec.users[*].passwordSecretRef.name",
             "group": MONGO[0],
+            "version": "v1",
             "resource": MONGO[1],
         },
     },
-    {"resource": "configmaps", "referencedBy": {"path": "spec.configRef.name"}},
+    {
+        "resource": "configmaps",
+        "referencedBy": {"path": "spec.configRef.name", "resource": "widgets", "version": "v1"},
+    },
     {"resource": "secrets", "selector": {"matchLabels": {"region": "eu"}}},
 ]
 
@@ -52,9 +56,12 @@ def test_the_mongodb_rules_parse() -> None:
     rules = parse_rules(MONGO_RULES)
     assert rules.claims == {SECRETS, CONFIGMAPS}
     assert [r.index for r in rules.for_claim(*SECRETS)] == [0, 2]
-    assert [r.index for r in rules.references_from(*MONGO)] == [0, 1]
-    # configmaps' rule names no source resource: any resource of the export references
-    assert [r.index for r in rules.references_from("example.com", "widgets")] == [1]
+    assert [r.index for r in rules.references_from(*MONGO)] == [0]
+    assert [r.index for r in rules.references_from("", "widgets")] == [1]
+    assert [s.collection_path for s in rules.sources()] == [
+        "/apis/mongodbcommunity.mongodb.com/v1/mongodbcommunity",
+        "/api/v1/widgets",
+    ]
     assert "spec.relatedResources[0] (referencedBy" in describe_rules(rules.for_claim(*SECRETS))
 
 
@@ -93,7 +100,12 @@ def test_the_mongodb_rules_parse() -> None:
         (
             [{"resource": "secrets", "referencedBy": {"path": "a", "group": "g.io"}}],
             "spec.relatedResources[0].referencedBy.resource",
-            "required with group",
+            "must name the referencing resource",
+        ),
+        (
+            [{"resource": "secrets", "referencedBy": {"path": "a", "resource": "dbs"}}],
+            "spec.relatedResources[0].referencedBy.version",
+            "must name the version",
         ),
         (
             [{"resource": "secrets", "referencedBy": {"path": "a", "names": "x"}}],
@@ -112,8 +124,9 @@ def test_invalid_rules_name_the_field(raw: Any, field: str, problem: str) -> Non
 
 def test_claims_must_be_the_exports() -> None:
     rules = parse_rules(MONGO_RULES)
-    assert check_claims(rules, claimed=[SECRETS, CONFIGMAPS], exported=[MONGO]) is None
-    problem = check_claims(rules, claimed=[SECRETS], exported=[MONGO])
+    exported = [MONGO, ("", "widgets")]
+    assert check_claims(rules, claimed=[SECRETS, CONFIGMAPS], exported=exported) is None
+    problem = check_claims(rules, claimed=[SECRETS], exported=exported)
     assert problem is not None and "spec.relatedResources[1]" in problem and "configmaps" in problem
     problem = check_claims(rules, claimed=[SECRETS, CONFIGMAPS], exported=[])
     assert problem is not None and "referencedBy" in problem and "mongodbcommunity" in problem
@@ -155,14 +168,9 @@ def test_references_of_an_object() -> None:
             "configRef": {"name": "cfg"},
         }
     }
-    assert references_of(rules, group=MONGO[0], resource=MONGO[1], obj=db) == {
-        SECRETS: {"pw"},
-        CONFIGMAPS: {"cfg"},
-    }
-    # the secrets rule is restricted to mongodbcommunity: a widget's users name nothing
-    assert references_of(rules, group="example.com", resource="widgets", obj=db) == {
-        CONFIGMAPS: {"cfg"}
-    }
+    assert references_of(rules, group=MONGO[0], resource=MONGO[1], obj=db) == {SECRETS: {"pw"}}
+    # each rule reads its own resource: a widget's users name nothing
+    assert references_of(rules, group="", resource="widgets", obj=db) == {CONFIGMAPS: {"cfg"}}
 
 
 def test_index_transitions_and_shared_references() -> None:
@@ -234,7 +242,15 @@ def test_visible_iff_a_visible_object_references_it_or_the_selector_matches(
 ) -> None:
     rules = parse_rules(
         [
-            {"resource": "secrets", "referencedBy": {"path": "spec.users[*].secret"}},
+            {
+                "resource": "secrets",
+                "referencedBy": {
+                    "path": "spec.users[*].secret",
+                    "group": MONGO[0],
+                    "version": "v1",
+                    "resource": MONGO[1],
+                },
+            },
             {"resource": "secrets", "selector": {"matchLabels": {"region": "eu"}}},
         ]
     )

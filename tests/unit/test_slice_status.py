@@ -335,7 +335,15 @@ def test_hold_timeout_comes_from_the_spec() -> None:
 
 
 RELATED = [
-    {"resource": "secrets", "referencedBy": {"path": "spec.users[*].passwordSecretRef.name"}},
+    {
+        "resource": "secrets",
+        "referencedBy": {
+            "path": "spec.users[*].passwordSecretRef.name",
+            "group": "example.io",
+            "version": "v1",
+            "resource": "widgets",
+        },
+    },
     {"resource": "configmaps", "selector": {"matchLabels": {"app": "db"}}},
 ]
 
@@ -377,7 +385,12 @@ def test_related_resources_reach_the_route() -> None:
 def test_invalid_related_resources_make_the_slice_not_ready(
     related: Any, claimed: frozenset[tuple[str, str]], message: str
 ) -> None:
-    lookup = ExportLookup(export_cluster="slicews", urls=(VW,), claimed=claimed)
+    lookup = ExportLookup(
+        export_cluster="slicews",
+        urls=(VW,),
+        claimed=claimed,
+        exported=frozenset({("example.io", "widgets")}),
+    )
     out = desired(with_related(related), lookup=lookup, external_url="https://vw/", now="T1")
     cond = {c["type"]: c for c in out.status["conditions"]}
     assert cond["RelatedResourcesValid"]["status"] == "False"

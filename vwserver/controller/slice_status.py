@@ -266,6 +266,7 @@ def desired(
         shards={kcp.shard_id(u): u for u in upstreams},
         not_ready=not_ready,
         hold_timeout=_hold_timeout(obj),
+        claimed=lookup.claimed or frozenset(),
         related=related if related is not None else RelatedRules(),
     )
     return Outcome(status=status, route=route)

@@ -42,6 +42,7 @@ from vwserver.k8s import kcp
 from vwserver.k8s.framing import complete, lines
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import ObjectHead
+from vwserver.proxy import reference_events
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     ANYWHERE,
@@ -99,8 +100,13 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         )
         try:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
-                async for chunk in up.content.iter_any():
-                    buffer += chunk
+                async for synthetic, chunk in reference_events.merged(ctx, up):
+                    if synthetic:
+                        # A whole event line about a claimed object whose visibility by
+                        # reference changed: before the rest of a line still arriving.
+                        buffer[0:0] = chunk
+                    else:
+                        buffer += chunk
                     while True:
                         # EventTooLarge (a BadGateway) if an event grows past the bound
                         framed = frame_events(
@@ -138,7 +144,13 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                             await response.write(verdict.replacement)
                         else:
                             dropped.inc()
-        except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
+        except (
+            BadGateway,
+            UndecodableError,
+            aiohttp.ClientError,
+            TimeoutError,
+            reference_events.Overflowed,
+        ) as e:
             # The stream is broken (garbage, upstream gone): end it cleanly so that the client
             # re-watches from its last resourceVersion, as after any apiserver watch timeout.
             if ctx.route.retired.is_set():

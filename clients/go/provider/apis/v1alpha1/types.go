@@ -62,10 +62,11 @@ type RelatedReference struct {
 	// Path: field names separated by dots, [*] after a list field for every element
 	// (spec.users[*].passwordSecretRef.name). Strings found there are names.
 	Path string `json:"path"`
-	// Group and Resource restrict the references to one resource of the export (Group empty:
-	// the core group); both unset: any resource of the export.
+	// Group, Version and Resource name the referencing resource of the export; only its
+	// objects visible through the slice reference. The references are read at Version.
 	Group    string `json:"group,omitempty"`
-	Resource string `json:"resource,omitempty"`
+	Version  string `json:"version"`
+	Resource string `json:"resource"`
 }
 
 // ExportReference names an APIExport.
