@@ -26,11 +26,13 @@ from dataclasses import replace
 from typing import Any, Final
 
 import aiohttp
+import msgspec
 
 from vwserver.errors import BadGateway, UpstreamUnavailable
 from vwserver.k8s import kcp
+from vwserver.k8s.types import ObjectHead, ObjectMeta
 from vwserver.proxy.context import ProxyRequest
-from vwserver.proxy.filtering import Scope
+from vwserver.proxy.filtering import Delivered, Scope
 from vwserver.related import ClaimKey, Transition
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,36 @@ def event_line(kind: str, body: bytes) -> bytes:
     return b'{"type":"' + kind.encode() + b'","object":' + body.strip() + b"}\n"
 
 
-async def fetch_line(ctx: ProxyRequest, transition: Transition) -> bytes | None:
+class _Row(msgspec.Struct):
+    object: ObjectHead | None = None
+
+
+class _Table(msgspec.Struct):
+    rows: list[_Row] | None = None
+
+
+def object_meta(body: bytes, *, table: bool) -> ObjectMeta | None:
+    """The metadata of the object in a GET's answer — a Table's one row's object for a Table
+    (the representation says which, never the bytes)."""
+    try:
+        if not table:
+            return msgspec.json.decode(body, type=ObjectHead).metadata
+        rows = msgspec.json.decode(body, type=_Table).rows or []
+    except msgspec.DecodeError:
+        return None
+    return rows[0].object.metadata if len(rows) == 1 and rows[0].object is not None else None
+
+
+async def fetch_line(
+    ctx: ProxyRequest, transition: Transition, *, delivered: Delivered
+) -> bytes | None:
     """The event line for ``transition``: the object now, in the watch's representation, as
     an ADDED (it became visible) or a MODIFIED (it is no longer visible: the filter makes that
-    the synthetic DELETED for a client that holds it). None when the object is gone or kcp
-    cannot say now (a stale view is corrected by the client's next relist)."""
+    the synthetic DELETED). An object that stops being visible by reference was visible until
+    this moment — the client holds it, from this watch or from the LIST it started after — so
+    it is marked delivered first (it was in the slice: telling its client it left is no
+    oracle). None when the object is gone or kcp cannot say now (a stale view is corrected by
+    the client's next relist)."""
     cluster, namespace, name = transition.key
     api = replace(ctx.api, namespace=namespace, name=name, subresource="", legacy_watch=False)
     url = f"{kcp.clusters(ctx.upstream_base, cluster)}{api.object_path}"
@@ -77,11 +104,19 @@ async def fetch_line(ctx: ProxyRequest, transition: Transition) -> bytes | None:
         return None
     if got.status != 200:
         return None
+    if not transition.visible:
+        meta = object_meta(got.body, table=ctx.table)
+        if meta is None:
+            return None
+        if delivered.since or Delivered.key(meta) in delivered.keys:
+            delivered.keys.add(Delivered.key(meta))
+        else:
+            return None  # the watch sent the initial state itself and never showed it
     return event_line("ADDED" if transition.visible else "MODIFIED", got.body)
 
 
 async def merged(
-    ctx: ProxyRequest, up: aiohttp.ClientResponse
+    ctx: ProxyRequest, up: aiohttp.ClientResponse, *, delivered: Delivered
 ) -> AsyncIterator[tuple[bool, bytes]]:
     """The upstream's chunks (False, chunk) and, between them, one event line per transition
     of the slice's references in the watch's scope (True, line); ends with the upstream."""
@@ -118,7 +153,7 @@ async def merged(
             if got in done:
                 transition = got.result()
                 got = None
-                line = await fetch_line(ctx, transition)
+                line = await fetch_line(ctx, transition, delivered=delivered)
                 if line is not None:
                     yield True, line
             if read in done:
