@@ -28,10 +28,13 @@ from typing import Any
 import aiohttp
 import pytest_asyncio
 
-from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, get_field, poll
+from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, get_field, get_json, poll
 from devenv.kcp import KcpInstance
 from devenv.slices import wait_slice_ready
+from tests.conformance.harness import Answer, combined_query, fetch, matches
 from tests.e2e.controller_env import Served, create_workspace, eventually, serving, unique
+from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.selector import Selector
 
 GROUP = "related.example.io"
 EXPORT = "databases.related.example.io"
@@ -157,13 +160,17 @@ def secret(name: str) -> dict[str, Any]:
     }
 
 
-def configmap(name: str) -> dict[str, Any]:
+def configmap(name: str, **labels: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
         "data": {"k": "v"},
     }
+
+
+GOLD = [{"resource": "configmaps", "selector": {"matchLabels": {"tier": "gold"}}}]
+GOLD_SELECTOR = Selector.parse("tier=gold")
 
 
 @dataclass
@@ -174,6 +181,10 @@ class World:
     eu: str
     """The eu slice's URL up to ``/clusters/<consumer>``."""
     us: str
+    gold: str
+    """A slice whose rule for configmaps is a selector (``tier=gold``)."""
+    vw: str
+    """kcp's own virtual workspace of the export, up to ``/clusters/<consumer>``."""
 
     async def apply(self, *docs: dict[str, Any]) -> None:
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)})
@@ -206,7 +217,7 @@ async def rel(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[World]:
     await apply_retrying(kcp, consumer.url, json.dumps(ns), within=60)
     async with serving(kcp, world, bind_in=(provider,), resync=5.0, cache=True) as served:
         urls = {}
-        for region in ("eu", "us"):
+        for region in ("eu", "us", "gold"):
             doc = {
                 "apiVersion": "sync.edge-connect.eu/v1alpha1",
                 "kind": "FilteredAPIExportEndpointSlice",
@@ -214,18 +225,23 @@ async def rel(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[World]:
                 "spec": {
                     "export": {"path": provider.path, "name": EXPORT},
                     "objectSelector": {"matchLabels": {"region": region}},
-                    "relatedResources": RELATED,
+                    "relatedResources": RELATED if region != "gold" else GOLD,
                 },
             }
             await kcp.kubectl("apply", "-f", "-", server=provider.url, input=json.dumps(doc))
             status = await wait_slice_ready(kcp, provider, region, within=60)
             urls[region] = f"{status['endpoints'][0]['url']}/clusters/{consumer.cluster}"
-        w = World(served, provider, consumer, urls["eu"], urls["us"])
+        eps = await get_json(kcp, provider.url, "apiexportendpointslice", EXPORT)
+        vw = f"{eps['status']['endpoints'][0]['url']}/clusters/{consumer.cluster}"
+        w = World(served, provider, consumer, urls["eu"], urls["us"], urls["gold"], vw)
         await w.apply(
             secret("pw-eu"),
             secret("pw-us"),
             secret("pw-free"),
             configmap("cfg-eu"),
+            configmap("cfg-gold-1", tier="gold"),
+            configmap("cfg-gold-2", tier="gold"),
+            configmap("cfg-silver", tier="silver"),
             database("db-eu", region="eu", secrets=["pw-eu"], config="cfg-eu"),
             database("db-us", region="us", secrets=["pw-us"]),
         )
@@ -366,3 +382,55 @@ async def test_writes_keep_claimed_objects_visible(rel: World) -> None:
             assert r.status == 404, await r.text()
     status, _ = await get(f"{rel.us}/api/v1/namespaces/{NS}/secrets/pw-us")
     assert status == 200  # not deleted
+
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+POM_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+CM = f"/api/v1/namespaces/{NS}/configmaps"
+# The differential cases (tests/conformance/harness.py): (id, path, query, accept, one object)
+DIFFERENTIAL: list[tuple[str, str, tuple[tuple[str, str], ...], str | None, bool]] = [
+    ("list", CM, (), None, False),
+    ("list-table", CM, (), TABLE, False),
+    ("list-pom", CM, (), POM_LIST, False),
+    ("list-client-selector", CM, (("labelSelector", "tier in (gold,silver)"),), None, False),
+    ("list-field-name", CM, (("fieldSelector", "metadata.name=cfg-gold-2"),), None, False),
+    ("list-limit", CM, (("limit", "1"),), None, False),
+    ("get-gold", f"{CM}/cfg-gold-1", (), None, True),
+    ("get-gold-table", f"{CM}/cfg-gold-1", (), TABLE, True),
+    ("get-silver", f"{CM}/cfg-silver", (), None, True),
+    ("get-silver-table", f"{CM}/cfg-silver", (), TABLE, True),
+    ("get-unlabelled", f"{CM}/cfg-eu", (), None, True),
+]
+
+
+async def test_a_selector_rule_equals_kcp_with_the_selector(rel: World) -> None:
+    """The differential harness for a claimed resource: through the ``gold`` slice (a selector
+    rule on configmaps), every case answers what kcp's own virtual workspace answers with the
+    rule's selector (a GET of an object it does not match: kcp's NotFound for a missing one)."""
+    kcp = rel.served.kcp
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    token = auth.bearer_token()
+    assert token is not None
+    connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for case_id, path, query, accept, single in DIFFERENTIAL:
+            kw: dict[str, Any] = {"accept": accept, "headers": {}, "token": token}
+            through = await fetch(session, rel.gold + path, query=query, **kw)
+            expected: Answer
+            if not single:
+                expected = await fetch(
+                    session, rel.vw + path, query=combined_query(query, GOLD_SELECTOR), **kw
+                )
+            else:
+                answer = await fetch(session, rel.vw + path, query=query, **kw)
+                if matches(answer.body, GOLD_SELECTOR, table=accept == TABLE):
+                    expected = answer
+                else:
+                    name = path.rsplit("/", 1)[1]
+                    missing = path.rsplit("/", 1)[0] + "/no-such-cm"
+                    expected = await fetch(
+                        session, rel.vw + missing, query=query, rename=("no-such-cm", name), **kw
+                    )
+            assert through.status == expected.status, (case_id, through, expected)
+            assert through.content_type == expected.content_type, (case_id, through, expected)
+            assert through.body == expected.body, (case_id, through.body, expected.body)
