@@ -310,3 +310,21 @@ async def test_fuzz_listing_is_what_visible_widgets_name(
             fake.delete(cluster="c1", namespace="ns1", name=name)
     fake.update(cluster="c1", obj=widget("w-eu", region="eu", secret="s-eu"))
     fake.update(cluster="c1", obj=widget("w-us", region="us", secret="s-us"))
+
+
+async def test_deletecollection_deletes_only_what_the_slice_shows(world: CachedProxy) -> None:
+    fake = world.fake
+    url = f"{core(world, 'eu')}/namespaces/ns1/secrets"
+    async with world.session.delete(url) as r:
+        body = await r.json()
+        assert r.status == 200, body
+    assert [i["metadata"]["name"] for i in body["items"]] == ["s-eu"]
+    left = {
+        n
+        for n in ("s-eu", "s-us", "s-free")
+        if fake.get(cluster="c1", namespace="ns1", name=n, resource="secrets") is not None
+    }
+    assert left == {"s-us", "s-free"}
+    async with world.session.delete(f"{core(world, 'none')}/namespaces/ns1/secrets") as r:
+        assert r.status == 200 and (await r.json())["items"] == []
+    assert fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets") is not None
