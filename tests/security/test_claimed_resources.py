@@ -36,6 +36,7 @@ from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
 from tests.security.test_existence_oracle import CASES, Case, Target, ask, compare
 from tests.support.cache import CachedProxy, cached_proxy
+from vwserver.holds import HOLDS_ANNOTATION, slice_id
 from vwserver.related import parse_rules
 from vwserver.routes import Route, RouteTable
 from vwserver.selector import Selector
@@ -328,3 +329,34 @@ async def test_deletecollection_deletes_only_what_the_slice_shows(world: CachedP
     async with world.session.delete(f"{core(world, 'none')}/namespaces/ns1/secrets") as r:
         assert r.status == 200 and (await r.json())["items"] == []
     assert fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets") is not None
+
+
+async def test_a_secret_of_an_object_held_by_another_slice_stays_with_that_slice(
+    world: CachedProxy,
+) -> None:
+    """Handoff: a widget relabelled from us to eu while the us slice still holds it (its
+    finalizer, recorded in the holds annotation) is us's until us lets go — and so is the
+    Secret it names: eu shows neither, us shows both."""
+    fake = world.fake
+    moved = widget("w-move", region="eu", secret="s-free")
+    holder = slice_id(SLICE_CLUSTER, "us")
+    moved["metadata"]["finalizers"] = ["example.io/cleanup"]
+    moved["metadata"]["annotations"] = {
+        HOLDS_ANNOTATION: json.dumps({holder: {"finalizers": ["example.io/cleanup"]}})
+    }
+    fake.create(cluster="c1", obj=moved)
+    for _ in range(100):
+        if await listed(world, "us") == {"s-us", "s-free"}:
+            break
+        await asyncio.sleep(0.05)
+    assert await listed(world, "us") == {"s-us", "s-free"}
+    assert await listed(world, "eu") == {"s-eu"}
+    # us lets go (the hold ends): the widget and its Secret arrive in eu
+    released = widget("w-move", region="eu", secret="s-free")
+    fake.update(cluster="c1", obj=released)
+    for _ in range(100):
+        if await listed(world, "eu") == {"s-eu", "s-free"}:
+            break
+        await asyncio.sleep(0.05)
+    assert await listed(world, "eu") == {"s-eu", "s-free"}
+    assert await listed(world, "us") == {"s-us"}
