@@ -299,13 +299,15 @@ async def watching(url: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
     rv = listed["metadata"]["resourceVersion"]
     events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+    # The response's headers are there before the test changes anything: by then the watch
+    # listens to the slice's references (they are registered before its first read).
+    response = await session.get(url, params={"watch": "1", "resourceVersion": rv})
+    assert response.status == 200
 
     async def read() -> None:
-        async with session.get(url, params={"watch": "1", "resourceVersion": rv}) as r:
-            assert r.status == 200
-            async for line in r.content:
-                if line.strip():
-                    events.put_nowait(json.loads(line))
+        async for line in response.content:
+            if line.strip():
+                events.put_nowait(json.loads(line))
 
     task = asyncio.create_task(read())
     try:
@@ -314,6 +316,7 @@ async def watching(url: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        response.close()
         await session.close()
 
 

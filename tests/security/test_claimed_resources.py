@@ -184,14 +184,13 @@ async def events(
     async with w.session.get(url) as r:
         rv = (await r.json())["metadata"]["resourceVersion"]
     queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true"}
 
     async def read() -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         async with (
             aiohttp.ClientSession(timeout=timeout) as s,
-            s.get(
-                url, params={"watch": "1", "resourceVersion": rv}, headers={"Accept": accept}
-            ) as r,
+            s.get(url, params=params, headers={"Accept": accept}) as r,
         ):
             assert r.status == 200
             async for line in r.content:
@@ -199,14 +198,20 @@ async def events(
                     continue
                 event = json.loads(line)
                 obj = event["object"]
-                if obj.get("kind") == "Table":
+                if event["type"] == "BOOKMARK":
+                    queue.put_nowait(("BOOKMARK", ""))
+                elif obj.get("kind") == "Table":
                     for row in obj["rows"]:
                         queue.put_nowait((event["type"], row["object"]["metadata"]["name"]))
                 else:
                     queue.put_nowait((event["type"], obj["metadata"]["name"]))
 
     task = asyncio.create_task(read())
-    await asyncio.sleep(0.3)  # the watch is open (its events are the test's, from rv)
+    # The watch is open (and listens to the slice's references) once anything arrived: the
+    # fake sends a bookmark every 0.2 s. A reference change before that would reach no
+    # listener (see the README: transitions between a LIST and its watch are not replayed).
+    first = await asyncio.wait_for(queue.get(), 20)
+    assert first[0] == "BOOKMARK", first
     return queue, task
 
 
