@@ -130,10 +130,15 @@ class Handlers:
         return await handlers[target.verb](request, target)
 
     def _resolve(self, request: web.Request, cluster_segment: str, parts: list[str]) -> Target:
-        """RequestInfo parsing for ``apis/<group>/<version>/[namespaces/<ns>/]<plural>/...``."""
-        if len(parts) < 4 or parts[0] != "apis":
+        """RequestInfo parsing for ``apis/<group>/<version>/[namespaces/<ns>/]<plural>/...``
+        (and ``api/<version>/...`` for a core resource the fake serves, as kcp's VW serves an
+        export's accepted permission claims)."""
+        if len(parts) >= 3 and parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif len(parts) >= 4 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
             raise render.generic_not_found()
-        group, version, rest = parts[1], parts[2], parts[3:]
         namespace: str | None = None
         if rest[0] == "namespaces" and len(rest) >= 3:
             namespace, rest = rest[1], rest[2:]

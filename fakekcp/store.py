@@ -345,7 +345,12 @@ class Store:
 
     def spec_by_plural(self, plural: str) -> ResourceSpec:
         found = [r.spec for r in self._resources.values() if r.spec.plural == plural]
-        found += [r.spec for r in self._resources.values() if r.spec.qualified == plural]
+        # (a core resource's qualified name is its plural: counted once)
+        found += [
+            r.spec
+            for r in self._resources.values()
+            if r.spec.qualified == plural and r.spec.qualified != r.spec.plural
+        ]
         if len(found) != 1:
             raise ValueError(f"resource {plural!r} is unknown or ambiguous")
         return found[0]

@@ -78,6 +78,7 @@ from msgspec.structs import replace
 
 from vwserver.clock import rfc3339
 from vwserver.errors import GCFinalizer, HeldFinalizer, Invalid
+from vwserver.related import ClaimedView, ObjectKey
 from vwserver.selector import Selector
 
 __all__ = [
@@ -274,6 +275,10 @@ class Member:
     unrecorded: Callable[[], None] | None = field(default=None, compare=False)
     """Told when a read finds an object leaving the slice whose move is not recorded yet (the
     handoff loop then records it at once instead of at its next scan)."""
+    claimed: ClaimedView | None = None
+    """Set when the resource is one of the export's permission claims: membership is then the
+    slice's related-resource rules for it alone (:mod:`vwserver.related`), never the selector
+    or holds."""
 
     def matches(self, sid: str, labels: Mapping[str, str] | None) -> bool:
         """Whether slice ``sid`` matches ``labels``; an unknown slice matches nothing, so its
@@ -300,9 +305,13 @@ def sees(
     labels: Mapping[str, str] | None,
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
+    key: ObjectKey | None = None,
 ) -> bool:
     """Whether ``member`` sees the object: (its labels match and no holder is letting go of
-    it) or the slice holds it."""
+    it) or the slice holds it. For a claimed resource: whether a related-resource rule shows
+    the object ``key`` (cluster, namespace, name; None — unknown — never)."""
+    if member.claimed is not None:
+        return member.claimed.sees(key, labels)
     if not held(annotations):
         return member.selector.matches(labels)  # never held: the selector alone
     holds = effective_holds(annotations, finalizers)
@@ -324,7 +333,7 @@ def leaving_since(
     recorded, whatever the labels are now (monotonic: the leave completes when the hold ends);
     ``""`` while it is not recorded yet and the labels no longer match (``member.unrecorded``
     is told). None for any other object."""
-    if not annotations or HOLDS_ANNOTATION not in annotations:
+    if not annotations or HOLDS_ANNOTATION not in annotations or member.claimed is not None:
         return None
     hold = effective_holds(annotations, finalizers).get(member.id)
     if hold is None:
@@ -368,7 +377,7 @@ def client_labels(
     controller-runtime's ``ByObject`` label selectors do — must see the deletion of what it
     holds, not lose the object with its finalizer still on it. Any other object: its labels.
     """
-    if not annotations or HOLDS_ANNOTATION not in annotations:
+    if not annotations or HOLDS_ANNOTATION not in annotations or member.claimed is not None:
         return labels
     hold = effective_holds(annotations, finalizers).get(member.id)
     if hold is None or not _leaves(member, member.id, hold, labels):
@@ -538,6 +547,7 @@ def hidden_by_relabel(
     labels: Mapping[str, str] | None,
     annotations: Mapping[str, str] | None,
     finalizers: Iterable[str] | None,
+    key: ObjectKey | None = None,
 ) -> bool:
     """Whether a write through ``member`` whose result has ``labels``, ``annotations`` and
     ``finalizers`` hides the object from ``member`` *by its relabel* (a slice that holds the
@@ -545,9 +555,11 @@ def hidden_by_relabel(
     ones. A write that hides it only by removing the slice's own last finalizer while another
     slice is leaving the object is not refused — the slice lets go of its hold, and sees the
     object again (ADDED) once the leaving slice has let go of it."""
-    if sees(member, labels=labels, annotations=annotations, finalizers=finalizers):
+    if sees(member, labels=labels, annotations=annotations, finalizers=finalizers, key=key):
         return False
-    return sees(member, labels=stored_labels, annotations=annotations, finalizers=finalizers)
+    return sees(
+        member, labels=stored_labels, annotations=annotations, finalizers=finalizers, key=key
+    )
 
 
 def _held(finalizer: str, holder: str) -> HeldFinalizer:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS
+from vwserver.related import RelatedRules
 from vwserver.selector import Selector
 
 
@@ -42,6 +43,12 @@ class Route:
     hold_timeout: float = DEFAULT_HOLD_TIMEOUT_SECONDS
     """Seconds the slice may hold an object that is leaving it before vwserver removes the
     slice's finalizers (unless the slice released them or the operator ended the hold)."""
+    claimed: frozenset[tuple[str, str]] = frozenset()
+    """(group, resource) of the export's permission claims: requests for them are decided by
+    :attr:`related` alone (no rule for one: none of its objects is visible)."""
+    related: RelatedRules = field(default_factory=RelatedRules)
+    """Which objects of the export's permission claims the slice shows
+    (``spec.relatedResources``, :mod:`vwserver.related`)."""
     retired: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)
     """Set when this route is removed or replaced; open watches on it end."""
 

@@ -421,18 +421,24 @@ class Answer:
 
 
 async def ask(
-    session: aiohttp.ClientSession, base: str, case: Case, name: str, target: Target
+    session: aiohttp.ClientSession,
+    base: str,
+    case: Case,
+    name: str,
+    target: Target,
+    *,
+    resource: str = "widgets",
 ) -> Answer:
     """Send ``case`` for ``name``; ``base`` is the slice URL of the group/version
     (``.../clusters/<id>/apis/example.io/v1alpha1``)."""
     ns = target.namespace
     query = [(k, v.replace("{rv}", target.rv)) for k, v in case.query]
     if case.form == "object":
-        url = f"{base}/namespaces/{ns}/widgets/{name}" + (f"/{case.sub}" if case.sub else "")
+        url = f"{base}/namespaces/{ns}/{resource}/{name}" + (f"/{case.sub}" if case.sub else "")
     elif case.form == "watch-path":
-        url = f"{base}/watch/namespaces/{ns}/widgets/{name}"
+        url = f"{base}/watch/namespaces/{ns}/{resource}/{name}"
     else:
-        url = f"{base}/namespaces/{ns}/widgets"
+        url = f"{base}/namespaces/{ns}/{resource}"
         query.append(("fieldSelector", f"metadata.name={name}"))
     headers = {}
     if case.accept is not None:

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"server", "listener", "syncer", "clientconfig", "workers"},
     {"proxy", "controller"},
     {"auth", "routes", "cache"},
-    {"k8s", "selector", "holds", "config", "names"},
+    {"k8s", "selector", "holds", "related", "config", "names"},
     {"errors", "clock", "logs", "metrics", "health", "files", "__init__"},
 ]
 INDEPENDENT = ("proxy", "controller", "syncer")

@@ -18,7 +18,7 @@ from vwserver.controller.slice_status import (
     status_changed,
 )
 from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS
-from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
+from vwserver.k8s.kcp import export_claims, shard_id, slice_endpoint_urls
 from vwserver.selector import Selector
 
 VW = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"
@@ -332,3 +332,86 @@ def test_hold_timeout_comes_from_the_spec() -> None:
     obj["spec"]["holdTimeoutSeconds"] = 2**62
     out = desired(obj, lookup=found(VW), external_url="https://vw", now="T1")
     assert out.route.hold_timeout == MAX_HOLD_TIMEOUT_SECONDS
+
+
+RELATED = [
+    {
+        "resource": "secrets",
+        "referencedBy": {
+            "path": "spec.users[*].passwordSecretRef.name",
+            "group": "example.io",
+            "version": "v1",
+            "resource": "widgets",
+        },
+    },
+    {"resource": "configmaps", "selector": {"matchLabels": {"app": "db"}}},
+]
+
+
+def with_related(related: Any) -> dict[str, Any]:
+    obj = slice_obj()
+    obj["spec"]["relatedResources"] = related
+    return obj
+
+
+def test_related_resources_reach_the_route() -> None:
+    lookup = ExportLookup(
+        export_cluster="slicews",
+        urls=(VW,),
+        claimed=frozenset({("", "secrets"), ("", "configmaps")}),
+        exported=frozenset({("example.io", "widgets")}),
+    )
+    out = desired(with_related(RELATED), lookup=lookup, external_url="https://vw/", now="T1")
+    assert conditions(out.status)["RelatedResourcesValid"] == ("True", "Valid")
+    assert out.route.not_ready is None
+    assert out.route.related.claims == {("", "secrets"), ("", "configmaps")}
+    # a slice without the field gets no such condition (and shows no claimed object)
+    plain = desired(slice_obj(), lookup=lookup, external_url="https://vw/", now="T1")
+    assert "RelatedResourcesValid" not in conditions(plain.status)
+    assert not plain.route.related
+
+
+@pytest.mark.parametrize(
+    ("related", "claimed", "message"),
+    [
+        (
+            [{"resource": "secrets", "referencedBy": {"path": "{.spec.x}"}}],
+            frozenset({("", "secrets")}),
+            "spec.relatedResources[0].referencedBy.path",
+        ),
+        (RELATED, frozenset({("", "secrets")}), "no permission claim on configmaps"),
+    ],
+)
+def test_invalid_related_resources_make_the_slice_not_ready(
+    related: Any, claimed: frozenset[tuple[str, str]], message: str
+) -> None:
+    lookup = ExportLookup(
+        export_cluster="slicews",
+        urls=(VW,),
+        claimed=claimed,
+        exported=frozenset({("example.io", "widgets")}),
+    )
+    out = desired(with_related(related), lookup=lookup, external_url="https://vw/", now="T1")
+    cond = {c["type"]: c for c in out.status["conditions"]}
+    assert cond["RelatedResourcesValid"]["status"] == "False"
+    assert cond["RelatedResourcesValid"]["reason"] == "InvalidRelatedResources"
+    assert message in cond["RelatedResourcesValid"]["message"]
+    assert cond["Ready"]["reason"] == "InvalidRelatedResources"
+    assert out.route.not_ready is not None and out.status["endpoints"] == []
+
+
+def test_export_claims_are_read_from_the_apiexport() -> None:
+    export = {
+        "spec": {
+            "resources": [{"group": "example.io", "name": "widgets", "schema": "s"}],
+            "permissionClaims": [
+                {"group": "", "resource": "secrets", "verbs": ["*"]},
+                {"resource": "configmaps", "verbs": ["get"]},
+                "junk",
+            ],
+        }
+    }
+    assert export_claims(export) == (
+        frozenset({("", "secrets"), ("", "configmaps")}),
+        frozenset({("example.io", "widgets")}),
+    )

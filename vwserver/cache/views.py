@@ -70,7 +70,13 @@ holds between slices, :mod:`vwserver.holds`)."""
 
 def visible(view: SliceView, meta: Meta) -> bool:
     """Whether the object with ``meta`` belongs to the slice ``view``."""
-    return sees(view, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers)
+    return sees(
+        view,
+        labels=meta.labels,
+        annotations=meta.annotations,
+        finalizers=meta.finalizers,
+        key=(meta.cluster, meta.namespace, meta.name),
+    )
 
 
 def leaving(view: SliceView, meta: Meta) -> str | None:

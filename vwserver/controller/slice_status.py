@@ -30,9 +30,10 @@ from typing import Any
 
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
-from vwserver.errors import SelectorError
+from vwserver.errors import ConfigError, SelectorError
 from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS, slice_id
 from vwserver.k8s import kcp
+from vwserver.related import ClaimKey, RelatedRules, check_claims, parse_rules
 from vwserver.routes import Route
 from vwserver.selector import Selector
 
@@ -68,6 +69,11 @@ class ExportLookup:
     consent_error: str = ""
     """Why the consent review could not be made (kcp refused vwserver's review): for the log;
     the status says ``NotPermitted`` as for a refusal."""
+    claimed: frozenset[ClaimKey] | None = None
+    """(group, resource) of the export's ``spec.permissionClaims``; None: the export was not
+    read (then no related-resource rule is checked against it)."""
+    exported: frozenset[ClaimKey] = frozenset()
+    """(group, resource) of the export's own ``spec.resources``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,15 @@ def parse_selector(obj: Mapping[str, Any]) -> tuple[Selector | None, str]:
     return selector, ""
 
 
+def parse_related(obj: Mapping[str, Any]) -> tuple[RelatedRules | None, str]:
+    """The slice's ``spec.relatedResources`` rules, or (None, why they are invalid — the
+    message names the field)."""
+    try:
+        return parse_rules((obj.get("spec") or {}).get("relatedResources")), ""
+    except ConfigError as e:
+        return None, str(e)
+
+
 def desired(
     obj: Mapping[str, Any],
     *,
@@ -134,6 +149,7 @@ def desired(
     cluster, name = slice_key(obj)
     generation = int((obj.get("metadata") or {}).get("generation") or 0)
     selector, selector_problem = parse_selector(obj)
+    related, related_problem = parse_related(obj)
     conditions: list[dict[str, Any]] = []
 
     def condition(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -152,6 +168,20 @@ def desired(
     path, export_name = export_ref(obj)
     # (reason, message) why the export cannot be served by this slice; None: it can.
     refusal = _export_refusal(lookup, slice_cluster=cluster, path=path, export_name=export_name)
+    if related is not None and related and refusal is None and lookup.claimed is not None:
+        # Only after consent may a message say what the export claims.
+        related_problem = (
+            check_claims(related, claimed=lookup.claimed, exported=lookup.exported) or ""
+        )
+        if related_problem:
+            related = None
+    if "relatedResources" in (obj.get("spec") or {}):
+        condition(
+            "RelatedResourcesValid",
+            related is not None,
+            "Valid" if related is not None else "InvalidRelatedResources",
+            "the related-resource rules are valid" if related is not None else related_problem,
+        )
     if refusal is not None:
         condition("APIExportValid", False, *refusal)
     else:
@@ -163,6 +193,9 @@ def desired(
     ready_reason = ""
     if selector is None:
         not_ready, ready_reason = f"invalid selector: {selector_problem}", "InvalidSelector"
+    elif related is None:
+        not_ready = f"invalid related resources: {related_problem}"
+        ready_reason = "InvalidRelatedResources"
     elif refusal is not None:
         ready_reason, not_ready = refusal
         if ready_reason not in _READY_REASONS:
@@ -233,6 +266,8 @@ def desired(
         shards={kcp.shard_id(u): u for u in upstreams},
         not_ready=not_ready,
         hold_timeout=_hold_timeout(obj),
+        claimed=lookup.claimed or frozenset(),
+        related=related if related is not None else RelatedRules(),
     )
     return Outcome(status=status, route=route)
 

@@ -607,7 +607,14 @@ class SliceController:
             return ExportLookup(granted=False)
         eps = await client.get(kcp.APIEXPORT_ENDPOINT_SLICES.item(kcp.workspace(path), None, name))
         urls = tuple(kcp.endpoint_urls(eps))
-        return ExportLookup(export_cluster=kcp.logical_cluster(export), granted=granted, urls=urls)
+        claimed, exported = kcp.export_claims(export)
+        return ExportLookup(
+            export_cluster=kcp.logical_cluster(export),
+            granted=granted,
+            urls=urls,
+            claimed=claimed,
+            exported=exported,
+        )
 
     async def _resolve(self, path: str) -> str:
         """The logical cluster of the workspace ``path`` names (a workspace path or an ID),

@@ -115,3 +115,24 @@ def slice_endpoint_urls(
     if len(upstreams) <= 1:
         return [base] if upstreams else []
     return [f"{base}/shards/{shard_id(u)}" for u in upstreams]
+
+
+def export_claims(
+    export: Mapping[str, Any],
+) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
+    """(group, resource) of an APIExport's (``v1alpha2``) ``spec.permissionClaims[]`` and of its
+    own ``spec.resources[]`` (``{group, name}``): what a slice's related-resource rules may
+    name. Whether a consumer accepted a claim is its APIBinding's business — kcp's virtual
+    workspace serves only the accepted ones there."""
+    spec = export.get("spec") or {}
+    claimed = frozenset(
+        (str(c.get("group") or ""), str(c.get("resource") or ""))
+        for c in spec.get("permissionClaims") or []
+        if isinstance(c, Mapping) and c.get("resource")
+    )
+    exported = frozenset(
+        (str(r.get("group") or ""), str(r.get("name") or ""))
+        for r in spec.get("resources") or []
+        if isinstance(r, Mapping) and r.get("name")
+    )
+    return claimed, exported

@@ -26,17 +26,19 @@ from vwserver.k8s import kcp
 from vwserver.k8s.status import not_found
 from vwserver.k8s.types import ObjectMeta
 from vwserver.metrics import UNKNOWN, ServerMetrics
-from vwserver.proxy.filtering import Scope, UndecodableError, decode_head
+from vwserver.proxy.filtering import Scope, UndecodableError, decode_head, object_key
 from vwserver.proxy.negotiation import Representation, Shape
 from vwserver.proxy.options import Options
 from vwserver.proxy.paths import ApiRequest, SlicePath, Verb
 from vwserver.proxy.upstream import UpstreamClient, forwarded_headers
 from vwserver.proxy.yamlout import json_to_yaml
+from vwserver.related import ClaimedView
 from vwserver.routes import Route
 from vwserver.selector import Selector
 
 if TYPE_CHECKING:
     from vwserver.cache.registry import CacheRegistry
+    from vwserver.cache.related_index import SliceReferences
 log = logging.getLogger(__name__)
 
 
@@ -108,6 +110,11 @@ class ProxyRequest:
     """The provider's workspace may run mutating admission on these resources (config
     ``mutatingAdmission``): patches keep their dry run."""
     """The shared watch cache (None: not used), for the proxy's own checks of a write."""
+    claimed: ClaimedView | None = None
+    """Set for a resource of the export's permission claims: its membership is the slice's
+    related-resource rules (:mod:`vwserver.related`)."""
+    references: SliceReferences | None = None
+    """The slice's live reference index, when a ``referencedBy`` rule decides ``claimed``."""
     member: Member = field(init=False)
     """The slice as the membership function sees it (built once: every object a request reads
     is checked against it)."""
@@ -119,6 +126,7 @@ class ProxyRequest:
             id=slice_id(route.cluster, route.name),
             peers=self.peers,
             unrecorded=self.unrecorded_move,
+            claimed=self.claimed,
         )
 
     @property
@@ -151,6 +159,7 @@ class ProxyRequest:
             labels=meta.labels,
             annotations=meta.annotations,
             finalizers=meta.finalizers,
+            key=object_key(meta),
         )
 
     def leaving(self, meta: ObjectMeta) -> str | None:

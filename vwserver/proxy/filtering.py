@@ -126,8 +126,17 @@ ANYWHERE: Final = Scope()
 def _sees(member: Member | None, meta: ObjectMeta) -> bool:
     """Whether holds let ``member`` see an object whose labels match its selector."""
     return member is None or sees(
-        member, labels=meta.labels, annotations=meta.annotations, finalizers=meta.finalizers
+        member,
+        labels=meta.labels,
+        annotations=meta.annotations,
+        finalizers=meta.finalizers,
+        key=object_key(meta),
     )
+
+
+def object_key(meta: ObjectMeta) -> tuple[str, str, str]:
+    """(logical cluster, namespace, name) of an object, from its metadata."""
+    return ((meta.annotations or {}).get(CLUSTER_ANNOTATION, ""), meta.namespace, meta.name)
 
 
 def shows(selector: Selector, member: Member | None, meta: ObjectMeta) -> bool:
@@ -208,7 +217,10 @@ class Page:
         never is) — every entry decided, by comprehensions rather than a call per entry."""
         metas = self.metas
         matched = selector.matches_each([None if m is None else m.labels for m in metas])
-        if member is not None and not selector.implies(member.selector):
+        # A claimed resource's membership is its rules, which no selector implies.
+        if member is not None and (
+            member.claimed is not None or not selector.implies(member.selector)
+        ):
             return [
                 ok and m is not None and _sees(member, m)
                 for ok, m in zip(matched, metas, strict=True)

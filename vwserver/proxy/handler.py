@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -30,6 +31,7 @@ from aiohttp import web
 from vwserver import metrics as m
 from vwserver.auth.guard import AuthMode, Gate
 from vwserver.cache.registry import CacheRegistry
+from vwserver.cache.related_index import ReferenceIndexes, SliceReferences
 from vwserver.errors import (
     BadGateway,
     Forbidden,
@@ -40,6 +42,7 @@ from vwserver.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
+from vwserver.holds import Member, slice_id
 from vwserver.k8s import kcp
 from vwserver.k8s.status import from_error
 from vwserver.logs import ACCESS_LOGGER, FIELDS_ATTR, REQUEST_ID
@@ -59,7 +62,9 @@ from vwserver.proxy import (
 from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.routes import Routes
+from vwserver.related import ClaimedView
+from vwserver.routes import Route, Routes
+from vwserver.selector import Selector
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -114,6 +119,8 @@ class ProxyHandler:
         self._guard = guard
         # In delegated mode the upstream sees vwserver's identity, not the caller's.
         self._delegated = guard.mode is AuthMode.DELEGATED
+        # referencedBy rules read their referencing objects from the shared cache
+        self._references = ReferenceIndexes(cache) if cache is not None else None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         record = RequestRecord(id=_request_id(), started=asyncio.get_running_loop().time())
@@ -241,6 +248,14 @@ class ProxyHandler:
             raise MethodNotAllowed(
                 f"{api.verb} is not allowed on clusters/*; address one logical cluster"
             )
+        claimed: ClaimedView | None = None
+        references: SliceReferences | None = None
+        if not api.discovery and (api.group, api.resource) in route.claimed:
+            # A claimed resource: its rules alone decide (no selector pushed down, nothing
+            # held, read from kcp), whatever the slice's objectSelector says.
+            claimed, references = await self._claimed(route, upstream_base, api.group, api.resource)
+            claimed = dataclasses.replace(claimed, cluster=path.cluster)
+            route = dataclasses.replace(route, selector=Selector(), cache=False)
         ctx = ProxyRequest(
             request=request,
             route=route,
@@ -263,6 +278,8 @@ class ProxyHandler:
             # recorded only where the slice's reads come from the cache.
             records_holds=self._cache is not None and route.cache and self._delegated,
             cache=self._cache,
+            claimed=claimed,
+            references=references,
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
@@ -293,6 +310,40 @@ class ProxyHandler:
         if ctx.path.shard and api.verb in (Verb.LIST, Verb.WATCH):
             await _refuse_foreign_resource_version(ctx)
         return await _BY_VERB[api.verb](ctx)
+
+    async def _claimed(
+        self, route: Route, upstream_base: str, group: str, resource: str
+    ) -> tuple[ClaimedView, SliceReferences | None]:
+        """The membership of claimed resource (group, resource) through ``route``: its rules,
+        and for ``referencedBy`` rules the slice's live reference index (read before the
+        request is answered: 503 while it is not; without the shared cache there is none, and
+        such a rule shows nothing — fail closed)."""
+        rules = route.related.for_claim(group, resource)
+        if not any(r.reference is not None for r in rules) or self._references is None:
+            return ClaimedView((group, resource), rules), None
+        member = Member(
+            selector=route.selector,
+            id=slice_id(route.cluster, route.name),
+            peers=self._routes.selector_of,
+        )
+        references = self._references.get(
+            route=route,
+            retired=route.retired,
+            upstream=upstream_base,
+            rules=route.related,
+            view=lambda: member,
+        )
+        if not await references.wait_synced(REFERENCES_SYNC_SECONDS):
+            raise UpstreamUnavailable(
+                f"slice {route.cluster}/{route.name}: the objects that reference "
+                f"{resource} are not read yet",
+                retry_after=5,
+            )
+        return ClaimedView((group, resource), rules, index=references.index), references
+
+
+REFERENCES_SYNC_SECONDS = 10.0
+"""How long a request of a claimed resource waits for the slice's reference index."""
 
 
 async def _refuse_foreign_resource_version(ctx: ProxyRequest) -> None:

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from vwserver import metrics as m
@@ -42,6 +43,7 @@ from vwserver.k8s import kcp
 from vwserver.k8s.framing import complete, lines
 from vwserver.k8s.kcp import CLUSTER_ANNOTATION
 from vwserver.k8s.types import ObjectHead
+from vwserver.proxy import reference_events
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     ANYWHERE,
@@ -85,6 +87,7 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
             await response.write_eof()
             return response
         buffer = bytearray()
+        columns = Columns()
         # A slice that is deleted (or whose upstream moves) retires its route, and a
         # server that shuts down closes every watch: closing the upstream response
         # ends this loop, and the client re-watches.
@@ -99,8 +102,13 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         )
         try:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
-                async for chunk in up.content.iter_any():
-                    buffer += chunk
+                async for synthetic, chunk in reference_events.merged(ctx, up, delivered=delivered):
+                    if synthetic:
+                        # A whole event line about a claimed object whose visibility by
+                        # reference changed: before the rest of a line still arriving.
+                        buffer[0:0] = chunk
+                    else:
+                        buffer += chunk
                     while True:
                         # EventTooLarge (a BadGateway) if an event grows past the bound
                         framed = frame_events(
@@ -111,6 +119,7 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                             member=member,
                             scope=scope,
                             delivered=delivered,
+                            columns=columns,
                         )
                         if framed.consumed:
                             del buffer[: framed.consumed]
@@ -138,7 +147,13 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
                             await response.write(verdict.replacement)
                         else:
                             dropped.inc()
-        except (BadGateway, UndecodableError, aiohttp.ClientError, TimeoutError) as e:
+        except (
+            BadGateway,
+            UndecodableError,
+            aiohttp.ClientError,
+            TimeoutError,
+            reference_events.Overflowed,
+        ) as e:
             # The stream is broken (garbage, upstream gone): end it cleanly so that the client
             # re-watches from its last resourceVersion, as after any apiserver watch timeout.
             if ctx.route.retired.is_set():
@@ -179,6 +194,45 @@ class Framed(NamedTuple):
     """The length of that event's line (its bytes follow the consumed ones)."""
 
 
+@dataclass(slots=True)
+class Columns:
+    """A Table watch's column definitions: kcp sends them with the first event only. When the
+    proxy drops that event (an object the slice does not show — the upstream cannot filter a
+    claimed resource by name), the first event it does send carries them instead, so that the
+    client's first event looks the same whatever it was not shown."""
+
+    sent: bool = False
+    pending: bytes | None = None
+
+
+class _TableObject(msgspec.Struct):
+    # (msgspec.Raw cannot be in a union: "absent" is a raw null)
+    columnDefinitions: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+
+
+class _TableEvent(msgspec.Struct):
+    object: _TableObject | None = None
+
+
+def _columns_of(line: bytes | memoryview) -> bytes | None:
+    try:
+        obj = msgspec.json.decode(line, type=_TableEvent).object
+    except msgspec.DecodeError:
+        return None
+    if obj is None:
+        return None
+    raw = bytes(obj.columnDefinitions)
+    return raw if raw not in (b"null", b"[]") else None
+
+
+def _with_columns(line: bytes, columns: bytes) -> bytes:
+    event = msgspec.json.decode(line)
+    if isinstance(event, dict) and isinstance(event.get("object"), dict):
+        event["object"]["columnDefinitions"] = msgspec.Raw(columns)
+        return msgspec.json.encode(event) + b"\n"
+    return line
+
+
 def frame_events(
     buffer: bytearray,
     *,
@@ -188,6 +242,7 @@ def frame_events(
     member: Member | None = None,
     scope: Scope = ANYWHERE,
     delivered: Delivered | None = None,
+    columns: Columns | None = None,
 ) -> Framed:
     """Filter every complete event in ``buffer``: what to send, what was consumed, and how many
     events were forwarded, dropped and synthesized. Raises
@@ -224,11 +279,31 @@ def frame_events(
                 return Framed(
                     data, start, forwarded, dropped, synthesized, foreign, verdict, stop - start
                 )
+            carry = table and columns is not None and not columns.sent
+            if carry:
+                assert columns is not None
+                own = _columns_of(view[start:stop])
+                if verdict.forward and own is not None:
+                    columns.sent = True
+                elif verdict.forward and columns.pending is not None:
+                    # the first event sent: it carries the columns of the one dropped
+                    if run < start:
+                        out.append(bytes(view[run:start]))
+                    out.append(_with_columns(bytes(view[start:stop]), columns.pending))
+                    columns.sent = True
+                    run = stop
+                    continue
+                elif own is not None:
+                    columns.pending = own
             if not verdict.forward:
                 if run < start:
                     out.append(bytes(view[run:start]))
                 if verdict.replacement is not None:
-                    out.append(verdict.replacement)
+                    replacement = verdict.replacement
+                    if carry and columns is not None and columns.pending is not None:
+                        replacement = _with_columns(replacement, columns.pending)
+                        columns.sent = True
+                    out.append(replacement)
                     synthesized += 1
                 else:
                     dropped += 1

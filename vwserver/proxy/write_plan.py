@@ -32,6 +32,7 @@ The plans are only ever given an object that is in the slice (or None): the read
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -293,6 +294,8 @@ def check_result(body: bytes, target: WriteTarget, stored: Stored | None) -> Non
         # validates the object; say so rather than fail.
         raise Invalid(f"metadata.labels: the patched object's labels must be strings ({e})") from e
     check_stays(meta.labels, target)
+    if target.member.claimed is not None:
+        return  # no holds on claimed objects: the rules alone decide (checked above)
     if stored is None:  # an apply that creates: no other slice holds the object yet
         if not sees(
             target.member,
@@ -315,6 +318,8 @@ def check_seen_after(target: WriteTarget, body: dict[str, Any], stored: Stored) 
     """An update's object must stay visible to the slice: its labels (checked before) and the
     holds of other slices, which a relabel can make leave the object (removing the slice's own
     last finalizer may hide it: :func:`vwserver.holds.hidden_by_relabel`)."""
+    if target.member.claimed is not None:
+        return  # no holds on claimed objects: check_stays decided
     meta = body.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     annotations = meta.get("annotations")
@@ -330,7 +335,11 @@ def check_seen_after(target: WriteTarget, body: dict[str, Any], stored: Stored) 
 
 
 def check_stays(labels: dict[str, str] | None, target: WriteTarget) -> None:
-    """422 unless ``labels`` satisfy the slice's selector."""
+    """422 unless ``labels`` satisfy the slice's selector — for a claimed resource, unless a
+    related-resource rule shows the object with them (:func:`check_claimed`)."""
+    if target.member.claimed is not None:
+        check_claimed(target, labels=labels, name=target.api.name)
+        return
     route = target.route
     violations = route.selector.violations(labels)
     if violations:
@@ -343,6 +352,34 @@ def check_stays(labels: dict[str, str] | None, target: WriteTarget) -> None:
                 f"{route.selector.render()!r})"
             ),
         )
+
+
+def check_claimed(target: WriteTarget, *, labels: Mapping[str, str] | None, name: str) -> None:
+    """422 unless one of the slice's rules for the claimed resource shows the object ``name``
+    of the request's namespace with ``labels`` (a selector rule by the labels, a
+    ``referencedBy`` rule while a visible object names it): a write never makes a claimed
+    object invisible, nor creates one the slice would not show. The message names the rules."""
+    claimed = target.member.claimed
+    assert claimed is not None
+    key = (claimed.cluster, target.api.namespace, name)
+    if name and claimed.rule_for(key, labels) is not None:
+        return
+    route = target.route
+    what = f'{target.api.resource} "{name}"' if name else target.api.resource
+    raise Invalid(
+        f"{what}: the object would not be visible through the slice {route.cluster}/"
+        f"{route.name}: {claimed.describe()}",
+        details={
+            **details(target),
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": f"no rule of the slice shows the object ({claimed.describe()})",
+                    "field": "metadata",
+                }
+            ],
+        },
+    )
 
 
 def check_labels(labels: Any, *, deletions: bool = False) -> None:

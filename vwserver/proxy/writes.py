@@ -116,6 +116,12 @@ _encoder = msgspec.json.Encoder()
 async def serve_create(ctx: ProxyRequest) -> web.StreamResponse:
     body = await _json_object(ctx)
     _label_for_create(body, ctx.route.selector)
+    if ctx.member.claimed is not None:
+        meta = body["metadata"]
+        name = meta.get("name")
+        write_plan.check_claimed(
+            ctx, labels=meta.get("labels"), name=name if isinstance(name, str) else ""
+        )
     holding.prepare_create(ctx, body)
     async with ctx.upstream.request(
         "POST",
@@ -209,6 +215,8 @@ async def serve_patch(ctx: ProxyRequest) -> web.StreamResponse:
         # patches, 409 unless it is the stored one).
         assert isinstance(patch, dict)
         _label_for_create(patch, ctx.route.selector, precondition=True)
+        if ctx.member.claimed is not None:
+            write_plan.check_claimed(ctx, labels=patch["metadata"].get("labels"), name=ctx.api.name)
     if ctx.api.subresource:
         # The status subresource ignores everything but status: one conditional write.
         return await write_io.execute(

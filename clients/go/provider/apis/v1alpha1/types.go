@@ -37,6 +37,36 @@ type FilteredAPIExportEndpointSliceSpec struct {
 	// before vwserver removes the slice's finalizers. Unset: 3600 (one hour); every hold is
 	// bounded, at most 604800 (a week).
 	HoldTimeoutSeconds *int64 `json:"holdTimeoutSeconds,omitempty"`
+	// RelatedResources says which objects of the export's permission claims (core secrets,
+	// configmaps, ...) are visible through the slice: a claimed object is visible iff one of
+	// these rules matches it; with no rule for a claimed resource none of its objects is.
+	RelatedResources []RelatedResource `json:"relatedResources,omitempty"`
+}
+
+// RelatedResource is one rule for a claimed resource: exactly one of Selector and
+// ReferencedBy.
+type RelatedResource struct {
+	// Group of the claimed resource; empty for the core group.
+	Group string `json:"group,omitempty"`
+	// Resource is the claimed resource's plural name (secrets, configmaps).
+	Resource string `json:"resource"`
+	// Selector: the claimed objects whose labels match it are visible (non-empty).
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+	// ReferencedBy: the claimed objects that objects visible through the slice name, in the
+	// same logical cluster and namespace, are visible while they are named.
+	ReferencedBy *RelatedReference `json:"referencedBy,omitempty"`
+}
+
+// RelatedReference is where referencing objects name claimed objects.
+type RelatedReference struct {
+	// Path: field names separated by dots, [*] after a list field for every element
+	// (spec.users[*].passwordSecretRef.name). Strings found there are names.
+	Path string `json:"path"`
+	// Group, Version and Resource name the referencing resource of the export; only its
+	// objects visible through the slice reference. The references are read at Version.
+	Group    string `json:"group,omitempty"`
+	Version  string `json:"version"`
+	Resource string `json:"resource"`
 }
 
 // ExportReference names an APIExport.
@@ -77,6 +107,8 @@ const (
 	ConditionSelectorValid  = "SelectorValid"
 	ConditionAPIExportValid = "APIExportValid"
 	ConditionReady          = "Ready"
+	// ConditionRelatedResourcesValid is written only for a slice with spec.relatedResources.
+	ConditionRelatedResourcesValid = "RelatedResourcesValid"
 )
 
 // URLs returns the slice's endpoint URLs, in status order, without empty ones.

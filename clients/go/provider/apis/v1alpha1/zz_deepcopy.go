@@ -46,6 +46,35 @@ func (in *FilteredAPIExportEndpointSliceSpec) DeepCopyInto(out *FilteredAPIExpor
 		out.HoldTimeoutSeconds = new(int64)
 		*out.HoldTimeoutSeconds = *in.HoldTimeoutSeconds
 	}
+	if in.RelatedResources != nil {
+		out.RelatedResources = make([]RelatedResource, len(in.RelatedResources))
+		for i := range in.RelatedResources {
+			in.RelatedResources[i].DeepCopyInto(&out.RelatedResources[i])
+		}
+	}
+}
+
+// DeepCopyInto copies the receiver into out.
+func (in *RelatedResource) DeepCopyInto(out *RelatedResource) {
+	*out = *in
+	if in.Selector != nil {
+		out.Selector = new(metav1.LabelSelector)
+		in.Selector.DeepCopyInto(out.Selector)
+	}
+	if in.ReferencedBy != nil {
+		out.ReferencedBy = new(RelatedReference)
+		*out.ReferencedBy = *in.ReferencedBy
+	}
+}
+
+// DeepCopy returns a deep copy of the receiver.
+func (in *RelatedResource) DeepCopy() *RelatedResource {
+	if in == nil {
+		return nil
+	}
+	out := new(RelatedResource)
+	in.DeepCopyInto(out)
+	return out
 }
 
 // DeepCopy returns a deep copy of the receiver.
