@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from vwserver.syncer.config import ResourceConfig
-from vwserver.syncer.naming import ObjectKey, downstream_namespace
+from vwserver.syncer.naming import (
+    FINALIZER_PREFIX,
+    ObjectKey,
+    downstream_namespace,
+    field_manager,
+)
 from vwserver.syncer.sync_plan import (
     ITEMS,
     Apply,
@@ -64,8 +69,14 @@ def ctx(**overrides: Any) -> Context:
 
 
 def upstream(
-    *, finalizers: tuple[str, ...] = (FIN,), deleting: bool = False, **extra: Any
+    *,
+    finalizers: tuple[str, ...] = (FIN,),
+    deleting: bool = False,
+    added_by_syncers: bool = True,
+    **extra: Any,
 ) -> dict[str, Any]:
+    """``added_by_syncers``: managedFields say each syncer finalizer was added by that syncer
+    (its claim); else a consumer wrote them all (``kubectl edit``)."""
     meta: dict[str, Any] = {
         "name": "db",
         "namespace": "default",
@@ -78,6 +89,17 @@ def upstream(
     }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    meta["managedFields"] = [
+        {
+            "manager": field_manager(f.removeprefix(FINALIZER_PREFIX))
+            if added_by_syncers
+            else "kubectl-edit",
+            "operation": "Update",
+            "fieldsV1": {"f:metadata": {"f:finalizers": {f'v:"{f}"': {}}}},
+        }
+        for f in finalizers
+        if f.startswith(FINALIZER_PREFIX)
+    ]
     return {
         "apiVersion": "mongodbcommunity.mongodb.com/v1",
         "kind": "MongoDBCommunity",
@@ -433,6 +455,19 @@ def test_an_object_another_syncer_owns_is_left_alone(finalizers: tuple[str, ...]
         (contested,) = actions
         assert isinstance(contested, Contested) and contested.owner == "us"
         assert "owned by syncer us" in contested.message
+
+
+def test_finalizers_a_consumer_wrote_are_no_claim() -> None:
+    """A consumer who writes another syncer's finalizer (first, before ours) raises no
+    "contested" alarm and does not make this syncer stand back: only a syncer's own write is a
+    claim. Ours missing, it is added (under our field manager: a claim from then on)."""
+    for finalizers in ((OTHER,), (OTHER, FIN)):
+        up = upstream(finalizers=finalizers, added_by_syncers=False)
+        actions = plan(KEY, up, None, tombstone=None, ctx=ctx())
+        assert "Contested" not in kinds(actions)
+        assert "Apply" in kinds(actions)
+        if FIN not in finalizers:
+            assert actions[0] == SetFinalizers((*finalizers, FIN), "10")
 
 
 def test_both_finalizers_ours_first_is_ours() -> None:

@@ -183,7 +183,7 @@ class SyncerConfig(CommandConfig, kw_only=True):
 
     @property
     def field_manager(self) -> str:
-        return f"vwserver-syncer-{self.name}"
+        return naming.field_manager(self.name)
 
     @property
     def lease_name(self) -> str:

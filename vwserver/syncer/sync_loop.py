@@ -45,9 +45,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from vwserver.clock import Clock, rfc3339
 from vwserver.errors import (
@@ -59,6 +61,7 @@ from vwserver.errors import (
     UpstreamUnavailable,
 )
 from vwserver.k8s import kcp
+from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.queue import WorkQueue
@@ -121,6 +124,50 @@ def error_reason(error: Exception) -> str:
     if isinstance(error, UpstreamUnavailable):
         return "Unreachable"
     return "InternalError"
+
+
+#: Errors no retry fixes until the object changes (a refused object, one over the size limit):
+#: retried from 30 s doubling to an hour, not every minute — each retry of a big object is a
+#: big write. A change of the object (its event) is still synced at once.
+PERMANENT_BACKOFF = Backoff(initial=30.0, maximum=3600.0, jitter=0.1)
+
+# Addresses in an API server's message (webhook URLs, "dial tcp 10.0.0.7:443", host:port).
+_ADDRESS = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"']+"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"
+    r"|\[[0-9a-fA-F:]+\](?::\d+)?"
+)
+
+
+def permanent(error: Exception) -> bool:
+    """Whether retrying cannot help until the object (or the downstream schema) changes: the
+    API server refused the request itself (400, 413, 422), or the syncer did (a
+    :class:`~vwserver.errors.SyncError` marked permanent)."""
+    if isinstance(error, SyncError):
+        return error.permanent
+    return isinstance(error, ApiError) and error.code in (400, 413, 422)
+
+
+def error_message(error: Exception, *, downstream_base: str, hide: Iterable[str] = ()) -> str:
+    """The ``Synced=False`` message for an error, as a *tenant* may read it: which side failed
+    and why, never an address — not the downstream cluster's URL or query (the URL an
+    :class:`~vwserver.errors.ApiError` carries), not a host, IP address or URL in the server's
+    own message (a webhook's address), not the strings in ``hide`` (the endpoints' hosts)."""
+    down = urlsplit(downstream_base).netloc
+    if isinstance(error, ApiError):
+        side = "the downstream cluster" if error.url.startswith(downstream_base) else "kcp"
+        text = f"{side} answered {error.code} {error.reason or 'error'}: {error.message}"
+    elif isinstance(error, UpstreamUnavailable):
+        side = "the downstream cluster" if down and down in str(error) else "kcp"
+        text = f"{side} is unreachable"
+    elif isinstance(error, SyncError):
+        text = str(error)
+    else:
+        text = f"internal error ({type(error).__name__}); see the syncer's log"
+    for secret in (down, *hide):
+        if secret:
+            text = text.replace(secret, "<address>")
+    return _ADDRESS.sub("<address>", text)[:_MAX_MESSAGE]
 
 
 def _dotted(path: sync_plan.FieldPath) -> str:
@@ -308,13 +355,15 @@ class ResourceController:
 
     def resync(self) -> None:
         """Queue every known key: upstream objects and the sources of downstream objects (the
-        sweep: a downstream object whose source is gone is deleted by its reconcile)."""
+        sweep: a downstream object whose source is gone is deleted by its reconcile). A key
+        waiting for the retry of a failure is left waiting: the resync must not cut a backoff
+        short (a permanent error would be retried every ``resyncSeconds`` otherwise)."""
         for reflector in self.upstream_reflectors.values():
             for obj in reflector.handler.objects.values():
-                if (key := upstream_key(obj)) is not None:
+                if (key := upstream_key(obj)) is not None and not self.queue.backing_off(key):
                     self.queue.add(key)
         for obj in self.downstream_reflector.handler.objects.values():
-            if (key := source_key(obj)) is not None:
+            if (key := source_key(obj)) is not None and not self.queue.backing_off(key):
                 self.queue.add(key)
         self._update_gauges()
 
@@ -361,7 +410,9 @@ class ResourceController:
             self._update_gauges()
 
     async def _failed(self, key: ObjectKey, error: Exception) -> None:
-        delay = self.queue.add_rate_limited(key)
+        delay = self.queue.add_rate_limited(
+            key, backoff=PERMANENT_BACKOFF if permanent(error) else None
+        )
         reason = error_reason(error)
         self._metrics.reconciles.labels(self.name, "error").inc()
         self._metrics.sync_errors.labels(self.name, reason).inc()
@@ -370,12 +421,19 @@ class ResourceController:
         if upstream is None or endpoint is None:
             return  # nothing left to report on (gone from our view)
         meta = upstream.get("metadata") or {}
-        if finalizer_owner(meta.get("finalizers") or ()) not in (None, self.config.name):
+        owner = finalizer_owner(
+            meta.get("finalizers") or (), managed_fields=meta.get("managedFields")
+        )
+        if owner not in (None, self.config.name):
             return  # another syncer's object: its status is not ours to write
         condition = sync_plan.new_condition(
             status=False,
             reason=reason,
-            message=str(error)[:_MAX_MESSAGE],
+            message=error_message(
+                error,
+                downstream_base=self._down_base,
+                hide=[urlsplit(u).netloc for u in self.upstream_reflectors],
+            ),
             generation=meta.get("generation"),
         )
         patch = sync_plan.condition_patch(
@@ -435,9 +493,12 @@ class ResourceController:
                     url = self.target.item(self._down_base, *verify_gone)
                     if await self._downstream.get(url) is not None:
                         raise _Wait(2.0, "downstream object still exists")
+                # under the syncer's field manager: managedFields then names it as the
+                # finalizer's author, which is what makes it a claim (naming.finalizer_owner)
                 await self._upstream.merge_patch(
                     self._upstream_url(key, endpoint),
                     {"metadata": {"finalizers": list(finalizers), "resourceVersion": rv}},
+                    field_manager=self.config.field_manager,
                 )
                 self._metrics.writes.labels(name, "upstream", "finalizer").inc()
                 log.info(

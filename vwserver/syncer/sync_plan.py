@@ -302,7 +302,7 @@ def plan(
     meta = upstream.get("metadata") or {}
     finalizers = tuple(meta.get("finalizers") or ())
     rv = str(meta.get("resourceVersion") or "")
-    owner = finalizer_owner(finalizers)
+    owner = finalizer_owner(finalizers, managed_fields=meta.get("managedFields"))
     contested: list[Action] = []
     if owner is not None and owner != ctx.syncer:
         contested.append(
