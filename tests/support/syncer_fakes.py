@@ -19,6 +19,7 @@ from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import NAMESPACES
 from vwserver.syncer.config import parse_syncer_config
+from vwserver.syncer.memory import TenantBudget
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import ObjectKey, namespace_metadata, upstream_key
 from vwserver.syncer.sync_loop import ResourceController, _UpstreamEvents
@@ -66,7 +67,9 @@ class ControllerBed:
     def list_upstream(self, *objects: JSON) -> list[ObjectKey]:
         """Put ``objects`` in the upstream cache as a LIST would (their keys get queued)."""
         reflector = self.controller.upstream_reflectors[UPSTREAM]
-        reflector.handler.on_list(list(objects), "1")
+        budget = self.controller._budgets[UPSTREAM]
+        budget.begin_list()
+        reflector.handler.on_list([budget.admit("LISTED", o) for o in objects], "1")
         return [k for o in objects if (k := upstream_key(o)) is not None]
 
 
@@ -92,12 +95,18 @@ def controller_bed(tmp_path: Path, *, clock: Any, **config: Any) -> ControllerBe
         metrics=SyncerMetrics(),
         clock=clock,
     )
+    budget = controller._budgets[UPSTREAM] = TenantBudget(
+        key=upstream_key,
+        max_object_bytes=controller.resource.max_object_bytes,
+        max_cluster_bytes=controller.resource.max_cluster_bytes,
+    )
     controller.upstream_reflectors[UPSTREAM] = Reflector(
         name="upstream things",
         client=cast(KubeClient, upstream),
         url=controller.source.collection(f"{UPSTREAM}/clusters/*"),
         handler=Cache(key=upstream_key, handler=_UpstreamEvents(controller)),
         clock=clock,
+        admission=budget,
     )
     return ControllerBed(controller, upstream, downstream)
 

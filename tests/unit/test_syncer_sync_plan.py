@@ -490,3 +490,79 @@ def test_deleting_an_object_another_syncer_owns_cleans_up_only_our_leftovers() -
     ]
     only_theirs = upstream(finalizers=(OTHER,), deleting=True)
     assert kinds(plan(KEY, only_theirs, None, tombstone=None, ctx=ctx())) == ["Contested"]
+
+
+# --- metadata the downstream side writes ---------------------------------------------------------
+
+OPERATOR_KEY = "mongodb.com/v1.lastAppliedMongoDBVersion"
+
+
+def owns(manager: str, *keys: tuple[str, str], subresource: str = "") -> dict[str, Any]:
+    """A managedFields entry of the downstream copy: ``manager`` owns these labels/annotations."""
+    meta: dict[str, Any] = {}
+    for kind, name in keys:
+        meta.setdefault(f"f:{kind}", {})[f"f:{name}"] = {}
+    entry: dict[str, Any] = {"manager": manager, "fieldsV1": {"f:metadata": meta}}
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
+
+
+def test_a_key_the_operator_owns_downstream_is_left_to_it() -> None:
+    """The consumer sets the operator's own annotation: once the operator has written it on the
+    copy (managedFields name it), the syncer's apply leaves it out — no forced apply takes it
+    back — and the condition says which key is not copied."""
+    up = upstream()
+    up["metadata"]["annotations"][OPERATOR_KEY] = "9.9.9"
+    first = plan(KEY, up, None, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in first if isinstance(a, Apply)]
+    assert apply.body["metadata"]["annotations"][OPERATOR_KEY] == "9.9.9"  # nobody else's yet
+    down = downstream_of(up)
+    down["metadata"]["annotations"][OPERATOR_KEY] = "6.0.5"
+    down["metadata"]["managedFields"] = [
+        owns(field_manager("eu"), ("labels", "team")),
+        owns("mongodb-operator", ("annotations", OPERATOR_KEY)),
+        owns("someone", ("labels", "team"), subresource="status"),  # no metadata there
+    ]
+    actions = plan(KEY, up, down, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert OPERATOR_KEY not in apply.body["metadata"]["annotations"]
+    assert apply.body["metadata"]["labels"]["team"] == "x"
+    assert apply.overwritten == frozenset()  # a new intent, no round of a fight
+    (status,) = [a for a in actions if isinstance(a, PatchStatus)]
+    message = status.patch["status"]["conditions"][0]["message"]
+    assert message.endswith(f"not copied, written downstream by others: annotation {OPERATOR_KEY}")
+    # shared ownership (the same value applied by both) stays ours: still written
+    down["metadata"]["managedFields"].append(
+        owns(field_manager("eu"), ("annotations", OPERATOR_KEY))
+    )
+    (apply,) = [a for a in plan(KEY, up, down, tombstone=None, ctx=ctx()) if isinstance(a, Apply)]
+    assert apply.body["metadata"]["annotations"][OPERATOR_KEY] == "9.9.9"
+
+
+def test_a_key_put_back_is_counted_and_a_withheld_key_is_not_written() -> None:
+    up = upstream()
+    applied = downstream_of(up)
+    removed = downstream_of(up)
+    del removed["metadata"]["labels"]["team"]  # someone removed it (nobody owns it now)
+    actions = plan(KEY, up, removed, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert apply.overwritten == {("labels", "team")}
+    assert apply.body["metadata"]["labels"]["team"] == "x"
+    # the consumer changes the value: a new intent, not a flip
+    changed = upstream()
+    changed["metadata"]["labels"]["team"] = "y"
+    (apply,) = [
+        a for a in plan(KEY, changed, applied, tombstone=None, ctx=ctx()) if isinstance(a, Apply)
+    ]
+    assert apply.overwritten == frozenset()
+    # withheld: not written, reported
+    withheld = ctx(withheld=frozenset({("labels", "team")}))
+    actions = plan(KEY, up, removed, tombstone=None, ctx=withheld)
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert "team" not in apply.body["metadata"]["labels"]
+    (status,) = [a for a in actions if isinstance(a, PatchStatus)]
+    assert (
+        "not copied, written downstream by others: label team"
+        in status.patch["status"]["conditions"][0]["message"]
+    )

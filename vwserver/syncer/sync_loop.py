@@ -56,6 +56,7 @@ from vwserver.errors import (
     ApiConflict,
     ApiError,
     ApiNotFound,
+    ObjectTooLarge,
     OwnershipError,
     SyncError,
     UpstreamUnavailable,
@@ -69,6 +70,7 @@ from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
 from vwserver.syncer import sync_plan
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
+from vwserver.syncer.memory import UPSTREAM_PAGE, SharingCache, TenantBudget
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import (
     LABEL_SYNCER,
@@ -84,6 +86,9 @@ from vwserver.syncer.naming import (
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1024
+#: Rounds of putting back a label/annotation someone else changed on the copy, after which the
+#: syncer stops writing that key for the object (and says so in its condition): never a fight.
+FLIP_LIMIT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +215,18 @@ class ResourceController:
         self.queue: WorkQueue[ObjectKey] = WorkQueue(clock=clock)
         self.upstream_reflectors: dict[str, Reflector[Cache[ObjectKey]]] = {}
         self._upstream_tasks: dict[str, asyncio.Task[None]] = {}
+        #: Per endpoint, the size bounds of what its reflector keeps (vwserver.syncer.memory).
+        self._budgets: dict[str, TenantBudget] = {}
         self._endpoints_known = False
         self.downstream_reflector = Reflector(
             name=f"downstream {self.name}",
             client=downstream,
             url=self.target.collection(downstream_base),
-            handler=Cache(key=_downstream_key, handler=_DownstreamEvents(self)),
+            handler=SharingCache(
+                key=_downstream_key,
+                handler=_DownstreamEvents(self),
+                upstream_of=self._source_of,
+            ),
             clock=clock,
             label_selector=f"{LABEL_SYNCER}={config.name}",
             on_restart=lambda cause: metrics.watch_restarts.labels(
@@ -227,6 +238,10 @@ class ResourceController:
         self.stuck: dict[ObjectKey, StuckObject] = {}
         self._contested: dict[ObjectKey, ContestedObject] = {}
         self._namespaces_ok: set[str] = set()
+        #: Per object, how often each user label/annotation was put back after someone else
+        #: changed it on the copy, and the keys no longer written (FLIP_LIMIT reached).
+        self._flips: dict[ObjectKey, dict[sync_plan.MetadataKey, int]] = {}
+        self.withheld: dict[ObjectKey, frozenset[sync_plan.MetadataKey]] = {}
         #: What kcp's schema of this resource does to the status we write (learned).
         self.upstream_schema = sync_plan.SchemaFacts()
         #: What the downstream schema does to the copies we apply (learned).
@@ -282,6 +297,17 @@ class ResourceController:
                 return obj, endpoint
         return None, None
 
+    def too_large(self, key: ObjectKey) -> str | None:
+        """Why ``key`` is kept only as a stub (over a size bound), or None."""
+        for budget in self._budgets.values():
+            if (reason := budget.too_large.get(key)) is not None:
+                return reason
+        return None
+
+    def _source_of(self, copy: JSON) -> JSON | None:
+        key = source_key(copy)
+        return None if key is None else self.upstream_object(key)[0]
+
     def downstream_object(self, key: ObjectKey) -> JSON | None:
         namespace = self._namespace_of(key)
         return self.downstream_reflector.handler.get((namespace, key.name))
@@ -298,6 +324,7 @@ class ResourceController:
             if url not in wanted:
                 log.info("%s: endpoint %s removed", self.name, url)
                 self._upstream_tasks.pop(url).cancel()
+                self._budgets.pop(url, None)
                 reflector = self.upstream_reflectors.pop(url)
                 for obj in reflector.handler.objects.values():
                     if (key := upstream_key(obj)) is not None:
@@ -305,12 +332,19 @@ class ResourceController:
         for url in wanted:
             if url in self.upstream_reflectors:
                 continue
+            budget = self._budgets[url] = TenantBudget(
+                key=upstream_key,
+                max_object_bytes=self.resource.max_object_bytes,
+                max_cluster_bytes=self.resource.max_cluster_bytes,
+            )
             reflector = Reflector(
                 name=f"upstream {self.name} @ {url}",
                 client=self._upstream,
                 url=self.source.collection(kcp.clusters(url)),
                 handler=Cache(key=upstream_key, handler=_UpstreamEvents(self)),
                 clock=self._clock,
+                admission=budget,
+                page_size=UPSTREAM_PAGE,
                 on_restart=lambda cause: self._metrics.watch_restarts.labels(
                     self.name, "upstream", cause
                 ).inc(),
@@ -466,12 +500,20 @@ class ResourceController:
             finalizer=self.config.finalizer,
             resource=self.resource,
             namespace_prefix=self.config.namespace_prefix,
-            exclude_prefixes=tuple(self.config.exclude_metadata_prefixes),
+            exclude_prefixes=(
+                *self.config.exclude_metadata_prefixes,
+                *self.resource.metadata_exclude,
+            ),
             may_delete_orphans=self.synced,
             now=self._clock.now(),
             upstream_schema=self.upstream_schema,
             downstream_schema=self.downstream_schema,
+            withheld=self.withheld.get(key, frozenset()),
+            too_large=None if upstream is None else self.too_large(key),
         )
+        if upstream is None:
+            self._flips.pop(key, None)
+            self.withheld.pop(key, None)
         actions = sync_plan.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
         if actions:
             log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
@@ -510,7 +552,9 @@ class ResourceController:
                 )
             case sync_plan.EnsureNamespace(namespace, metadata):
                 await self._ensure_namespace(key, namespace, metadata)
-            case sync_plan.Apply(namespace, obj_name, body):
+            case sync_plan.Apply(namespace, obj_name, body, overwritten):
+                if self._count_flips(key, overwritten):
+                    raise _Wait(0.0, "metadata keys withheld; planning again without them")
                 url = self.target.item(self._down_base, namespace, obj_name)
                 try:
                     stored = await self._downstream.apply(
@@ -550,10 +594,36 @@ class ResourceController:
                 raise _Wait(seconds, reason)
             case sync_plan.Blocked(message):
                 raise OwnershipError(message)
+            case sync_plan.TooLarge(message):
+                raise ObjectTooLarge(message)
             case sync_plan.Stuck(message):
                 await self._report_stuck(key, message)
             case sync_plan.Contested(owner, message):
                 self._record_contested(key, owner, message)
+
+    def _count_flips(self, key: ObjectKey, overwritten: frozenset[sync_plan.MetadataKey]) -> bool:
+        """Count one more round of putting ``overwritten`` back; True when a key reached
+        :data:`FLIP_LIMIT` and is withheld from now on (the apply is planned again without)."""
+        if not overwritten:
+            return False
+        counts = self._flips.setdefault(key, {})
+        stop = set()
+        for item in overwritten:
+            counts[item] = counts.get(item, 0) + 1
+            if counts[item] >= FLIP_LIMIT:
+                stop.add(item)
+        if not stop:
+            return False
+        self.withheld[key] = self.withheld.get(key, frozenset()) | stop
+        log.warning(
+            "%s: %s: %s changed on the downstream copy by another writer %d times; no longer "
+            "written (reported in the Synced condition)",
+            self.name,
+            key,
+            ", ".join(f"{kind[:-1]} {name}" for kind, name in sorted(stop)),
+            FLIP_LIMIT,
+        )
+        return True
 
     def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
         base = kcp.clusters(endpoint, key.cluster)
