@@ -197,9 +197,28 @@ def test_deletion_deletes_downstream_then_waits_then_releases() -> None:
     assert actions[0] == Delete(NS, "db", "d-1")
     terminating = downstream_of(up, deletionTimestamp="2026-01-01T00:00:00Z")
     assert kinds(plan(KEY, up, terminating, tombstone=None, ctx=ctx())) == ["PatchStatus", "Wait"]
-    assert plan(KEY, up, None, tombstone=None, ctx=ctx()) == [
-        SetFinalizers(("other",), "10", verify_gone=(NS, "db"))
-    ]
+    release = SetFinalizers(("other",), "10", verify_gone=(NS, "db"))
+    # the copy gone: the mirrored status goes, Synced=False/Released, *then* the finalizer
+    synced = upstream(finalizers=(FIN, "other"), deleting=True)
+    synced["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Synced", "status": "True", "reason": "Synced", "message": "synced"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }
+    status, last = plan(KEY, synced, None, tombstone=None, ctx=ctx())
+    assert last == release
+    assert isinstance(status, PatchStatus)
+    assert status.patch["status"]["phase"] is None
+    (condition,) = status.patch["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "Released")
+    assert condition["message"] == (
+        f"the downstream copy {NS}/db is deleted; syncer eu no longer syncs this object"
+    )
+    # once written, only the release is left
+    synced["status"] = {"conditions": [condition]}
+    assert plan(KEY, synced, None, tombstone=None, ctx=ctx()) == [release]
 
 
 def test_deletion_without_our_finalizer_only_cleans_our_copy() -> None:

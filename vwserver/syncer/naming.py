@@ -16,9 +16,11 @@ annotations (complete: cluster, namespace, name, uid, syncer) that link them to 
 Only an object whose labels say this syncer owns it is ever deleted by it.
 
 Upstream, a syncer marks every object it syncs with its finalizer
-``sync.edge-connect.eu/syncer-<name>``. That finalizer is also its claim on the object when
-several syncers see it (:func:`finalizer_owner`): the only mark every syncer can read on the kcp
-object itself, set before anything is created downstream.
+``sync.edge-connect.eu/syncer-<name>``, written under its field manager (:func:`field_manager`).
+That finalizer is also its claim on the object when several syncers see it
+(:func:`finalizer_owner`): the only mark every syncer can read on the kcp object itself, set
+before anything is created downstream — a claim only where ``managedFields`` say the syncer
+wrote it, not where a consumer wrote the name.
 """
 
 from __future__ import annotations

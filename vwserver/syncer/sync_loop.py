@@ -27,6 +27,13 @@ Objects that leave the filtered view while carrying our finalizer (see
 the ``vwserver_syncer_stuck_finalizers`` gauge, ``/debug/stuck`` on the health port and a Warning
 Event next to where the downstream copy was — the kcp object itself is unreachable for us then.
 
+Tenants are untrusted: what one consumer's objects make the syncer hold is bounded
+(:mod:`vwserver.syncer.memory`); an error no retry fixes backs off to an hour
+(:data:`PERMANENT_BACKOFF`) and the resync does not cut that short; ``Synced=False`` messages
+name no address (:func:`error_message`); a consumer label/annotation the downstream side writes
+is left to it, and one put back :data:`FLIP_LIMIT` times is no longer written
+(:func:`~vwserver.syncer.sync_plan.left_downstream`).
+
 Quiet when idle: the answer to every write (status PATCH, server-side apply) is the object as
 stored, and :func:`~vwserver.syncer.sync_plan.learn` reads from it which fields the schema on
 that side prunes or defaults. Those facts are kept per resource and side for the life of the
@@ -34,9 +41,10 @@ controller (:attr:`ResourceController.upstream_schema`, :attr:`~ResourceControll
 downstream_schema`, gauge ``vwserver_syncer_pruned_fields``, one log line per field) and passed to
 every plan, so a schema without ``status.conditions`` costs one write, not one per reconcile.
 
-Two syncers on the same objects: an object whose first syncer finalizer is another syncer's is
-left alone (:class:`~vwserver.syncer.sync_plan.Contested`): one warning per object, the gauge
-``vwserver_syncer_contested_objects``, and :meth:`ResourceController.contested` /
+Two syncers on the same objects: an object whose first claimed syncer finalizer (written by
+that syncer's field manager, see :func:`~vwserver.syncer.naming.finalizer_owner`) is another
+syncer's is left alone (:class:`~vwserver.syncer.sync_plan.Contested`): one warning per
+object, the gauge ``vwserver_syncer_contested_objects``, and :meth:`ResourceController.contested` /
 :meth:`~ResourceController.contention` for readiness.
 """
 
@@ -44,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -519,14 +528,20 @@ class ResourceController:
             log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
         if not any(isinstance(a, sync_plan.Contested) for a in actions):
             self._clear_contested(key, gone=upstream is None)
+        written: str | None = None  # the resourceVersion our status write made
         for action in actions:
-            await self._execute(key, action, endpoint=endpoint)
+            if isinstance(action, sync_plan.SetFinalizers) and written is not None:
+                # our own status write moved the version on: the finalizer write is conditional
+                # on the object as we left it, not as we read it (else a 409 and one more round)
+                action = dataclasses.replace(action, resource_version=written)
+            written = await self._execute(key, action, endpoint=endpoint)
         if upstream is None:
             self.tombstones.pop(key, None)
 
     async def _execute(
         self, key: ObjectKey, action: sync_plan.Action, *, endpoint: str | None
-    ) -> None:
+    ) -> str | None:
+        """Carry out one action; the resourceVersion a status write left, else None."""
         name = self.name
         match action:
             case sync_plan.SetFinalizers(finalizers, rv, verify_gone):
@@ -573,7 +588,7 @@ class ResourceController:
                     live = await self._upstream.get(self._upstream_url(key, endpoint))
                     if live is not None:
                         log.info("%s: %s: still exists upstream, not an orphan", name, key)
-                        return
+                        return None
                 url = self.target.item(self._down_base, namespace, obj_name)
                 # gone already (404), or replaced: the uid differs (409)
                 with contextlib.suppress(ApiNotFound, ApiConflict):
@@ -587,9 +602,10 @@ class ResourceController:
                         self._upstream_url(key, endpoint, "status"), patch
                     )
                 except ApiNotFound:
-                    return  # deleted or out of view meanwhile; its event follows
+                    return None  # deleted or out of view meanwhile; its event follows
                 self._metrics.writes.labels(name, "upstream", "status").inc()
                 self._learn(key, patch, result, upstream=True)
+                return str((result.get("metadata") or {}).get("resourceVersion") or "") or None
             case sync_plan.Wait(seconds, reason):
                 raise _Wait(seconds, reason)
             case sync_plan.Blocked(message):
@@ -600,6 +616,7 @@ class ResourceController:
                 await self._report_stuck(key, message)
             case sync_plan.Contested(owner, message):
                 self._record_contested(key, owner, message)
+        return None
 
     def _count_flips(self, key: ObjectKey, overwritten: frozenset[sync_plan.MetadataKey]) -> bool:
         """Count one more round of putting ``overwritten`` back; True when a key reached

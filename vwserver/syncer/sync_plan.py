@@ -16,7 +16,9 @@ live, over a size bound        :class:`TooLarge` only (``Synced=False``, ``Objec
 live, another syncer's         :class:`Contested` only: no finalizer, no downstream write, no
 finalizer first                status (see :func:`~vwserver.syncer.naming.finalizer_owner`)
 deleting, our finalizer        delete downstream (ours only), wait until it is really gone
-                               (a live GET), then remove our finalizer
+                               (a live GET), write ``Synced=False``/``Released`` in place of
+                               the mirrored status, then remove our finalizer (also what an
+                               object *leaving the slice* looks like through a holding slice)
 deleting, no finalizer of us   delete a downstream copy of ours if one is left; nothing else
 deleting, another's first      as above (our own leftovers go: deleting is no fight), but no
                                status write, and :class:`Contested`
@@ -411,7 +413,9 @@ def _deleting(
         return []
     if downstream is None:
         rest = tuple(f for f in finalizers if f != ctx.finalizer)
-        return [SetFinalizers(rest, rv, verify_gone=(namespace, name))]
+        release = SetFinalizers(rest, rv, verify_gone=(namespace, name))
+        patch = released_status_patch(upstream, namespace=namespace, name=name, ctx=ctx)
+        return [PatchStatus(patch), release] if patch is not None and report else [release]
     actions: list[Action] = []
     if not _deleting_now(downstream):
         actions.append(Delete(namespace, name, _uid(downstream)))
@@ -426,6 +430,30 @@ def _deleting(
         actions.append(PatchStatus(patch))
     actions.append(Wait(5.0, "waiting for the downstream object to be gone"))
     return actions
+
+
+def released_status_patch(
+    upstream: JSON, *, namespace: str, name: str, ctx: Context
+) -> JSON | None:
+    """The status an object keeps once the syncer has let go of it (its copy is gone, our
+    finalizer goes next): no longer what the downstream copy reported — that copy is gone —
+    only ``Synced=False``, reason ``Released``. Written before the finalizer goes, so that an
+    object that *left the slice* (shown to us as being deleted; the holding slice still takes
+    status writes) does not keep saying ``Synced=True`` / ``Running`` where nobody syncs it."""
+    condition = new_condition(
+        status=False,
+        reason="Released",
+        message=(
+            f"the downstream copy {namespace}/{name} is deleted; syncer {ctx.syncer} no longer "
+            "syncs this object"
+        ),
+        generation=(upstream.get("metadata") or {}).get("generation"),
+    )
+    current: JSON = upstream.get("status") or {}
+    desired: JSON = {
+        "conditions": with_condition((), condition, stored=current.get("conditions"), now=ctx.now)
+    }
+    return stored_status_patch(current, desired, schema=ctx.upstream_schema)
 
 
 def _gone(
