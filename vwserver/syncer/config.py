@@ -133,15 +133,18 @@ class ResourceConfig(_Strict):
     # Paths under ``status`` of the downstream object that never go up to kcp (e.g. internal
     # connection strings).
     status_exclude: list[str] = msgspec.field(default_factory=list)
-    # Label/annotation key prefixes of this resource that the downstream side writes (its
-    # operator's own keys, e.g. ``mongodb.com/``): never copied, whatever the consumer sets.
     metadata_exclude: list[str] = msgspec.field(default_factory=list)
-    # Objects larger than this (bytes of JSON, as kcp sends them) are not synced: only their
-    # metadata is kept in memory, and they show Synced=False, reason ObjectTooLarge.
+    """Label/annotation key prefixes of this resource that the downstream side writes (its
+    operator's own keys, e.g. ``mongodb.com/``): never copied, whatever the consumer sets. (Keys
+    another field manager owns on the downstream copy are left to it anyway.)"""
     max_object_bytes: int = 262144
-    # The objects of one consumer workspace kept in full add up to at most this (bytes of
-    # JSON); further ones are not synced: Synced=False, reason ObjectTooLarge.
+    """Objects larger than this (bytes of JSON, as kcp sends them) are not synced: only their
+    metadata is kept in memory, and they show ``Synced=False``, reason ``ObjectTooLarge``
+    (1024 to 3145728)."""
     max_cluster_bytes: int = 33554432
+    """The objects of one consumer workspace kept in full add up to at most this (bytes of
+    JSON); further ones are not synced: ``Synced=False``, reason ``ObjectTooLarge`` (at least
+    ``maxObjectBytes``)."""
 
     @property
     def target(self) -> DownstreamType:
