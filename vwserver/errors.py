@@ -48,7 +48,8 @@ request carry what a Kubernetes client expects on the wire — an HTTP code and 
     │   └── ApiServerError     5xx (also: an answer that cannot be decoded, as 502)
     ├── SyncError              one step of the syncer (``vwserver sync``) failed; retried, and
     │   │                      reported on the kcp object as a condition, never as a Status
-    │   └── OwnershipError     a downstream object or namespace exists but is not this syncer's
+    │   ├── OwnershipError     a downstream object or namespace exists but is not this syncer's
+    │   └── ObjectTooLarge     an upstream object is over the syncer's per-object size limit
     └── DecommissionRefused    ``vwserver sync --decommission`` will not start: a replica of the
                                syncer still holds its Lease (or that cannot be checked)
 
@@ -280,12 +281,22 @@ class SyncError(VWServerError):
     """One step of the syncer failed; the controller retries it with backoff and reports it."""
 
     reason: ClassVar[str] = "SyncFailed"
+    #: No retry can fix it until the object changes: retried on the long backoff only.
+    permanent: ClassVar[bool] = False
 
 
 class OwnershipError(SyncError):
     """A downstream object or namespace exists but belongs to someone else: never touched."""
 
     reason = "NotOwned"
+
+
+class ObjectTooLarge(SyncError):
+    """An upstream object is larger than the syncer's per-object limit: never held in memory
+    beyond its metadata, never copied, reported until the consumer shrinks it."""
+
+    reason = "ObjectTooLarge"
+    permanent = True
 
 
 class DecommissionRefused(VWServerError):

@@ -42,6 +42,7 @@ from vwserver.syncer.naming import (
     LABEL_SYNCER,
     ObjectKey,
     downstream_namespace,
+    field_manager,
     finalizer,
 )
 from vwserver.syncer.runner import Syncer
@@ -428,9 +429,10 @@ async def test_second_syncer_on_the_same_objects_stands_back(
     """``first`` owns the Widgets (its finalizer); ``second`` sees the same objects through the
     same endpoint and writes to the same downstream workspace. ``second`` writes nothing, reports
     every Widget as contested (gauge, ``contested()``, one log line each), and over three resyncs
-    of both nobody writes and no resourceVersion moves. An object carrying both finalizers (left
-    by the fighting of older versions) belongs to the one listed first: ``second`` takes that one
-    over, ``first`` stands back from it, and both settle again."""
+    of both nobody writes and no resourceVersion moves. An object carrying both syncers' claims
+    (both finalizers, each written by its syncer's field manager) belongs to the one listed
+    first: ``second`` takes that one over, ``first`` stands back from it, and both settle
+    again."""
     env = widgets
     n = len(env.keys)
     original = await originals(env)
@@ -479,13 +481,16 @@ async def test_second_syncer_on_the_same_objects_stands_back(
                 ]
                 assert len(contested_lines) == n  # one line per object, not per reconcile
 
-                # Both finalizers, second's first: second owns it now, first stands back.
+                # Both finalizers, second's first and written under second's field manager
+                # (second's claim, as if second had added it): second owns it now, first
+                # stands back. (A consumer writing the names is no claim:
+                # tests/e2e/test_syncer_tenants_kcp.py.)
                 key = sorted(env.keys)[0]
                 up = await env.get(env.up_url(key))
                 assert up is not None
                 status, body = await env.call(
                     "PATCH",
-                    env.up_url(key),
+                    f"{env.up_url(key)}?fieldManager={field_manager('second')}",
                     {
                         "metadata": {
                             "finalizers": [finalizer("second"), finalizer("first")],

@@ -107,6 +107,22 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
             },
             "$.resources[0].statusExclude[0]",
         ),
+        *(
+            (
+                {
+                    "resources": [
+                        {"group": "g", "version": "v1", "resource": "t", "kind": "T", **bad}
+                    ]
+                },
+                f"$.resources[0].{field}",
+            )
+            for bad, field in (
+                ({"metadataExclude": [""]}, "metadataExclude[0]"),
+                ({"maxObjectBytes": 100}, "maxObjectBytes"),
+                ({"maxObjectBytes": 4 * 1024 * 1024}, "maxObjectBytes"),
+                ({"maxObjectBytes": 4096, "maxClusterBytes": 1024}, "maxClusterBytes"),
+            )
+        ),
         (
             {
                 "resources": [

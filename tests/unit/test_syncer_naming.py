@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,9 +12,11 @@ from hypothesis import strategies as st
 from vwserver.syncer.naming import (
     ANN_CLUSTER,
     ANN_NAMESPACE,
+    FINALIZER_PREFIX,
     LABEL_SYNCER,
     ObjectKey,
     downstream_namespace,
+    field_manager,
     finalizer,
     finalizer_owner,
     is_internal_key,
@@ -112,9 +115,45 @@ def test_finalizer_name() -> None:
     assert finalizer("eu") == "sync.edge-connect.eu/syncer-eu"
 
 
-def test_the_first_syncer_finalizer_owns_the_object() -> None:
-    assert finalizer_owner([]) is None
-    assert finalizer_owner(["example.io/other", "sync.edge-connect.eu/syncer-"]) is None
-    assert finalizer_owner(["example.io/other", finalizer("eu"), finalizer("us")]) == "eu"
-    # both finalizers (left by syncers that fought): list order decides, the same for everyone
-    assert finalizer_owner([finalizer("us"), finalizer("eu")]) == "us"
+def added_by(manager: str, *finalizers: str, subresource: str = "") -> dict[str, Any]:
+    """A managedFields entry: ``manager`` owns these members of ``metadata.finalizers``."""
+    owned = {f'v:"{f}"': {} for f in finalizers}
+    entry: dict[str, Any] = {
+        "manager": manager,
+        "operation": "Update",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:finalizers": {".": {}, **owned}}},
+    }
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
+
+
+def test_the_first_claimed_syncer_finalizer_owns_the_object() -> None:
+    eu, us = finalizer("eu"), finalizer("us")
+    by_syncers = [added_by(field_manager("eu"), eu), added_by(field_manager("us"), us)]
+    assert finalizer_owner([], managed_fields=by_syncers) is None
+    assert (
+        finalizer_owner(["example.io/other", FINALIZER_PREFIX], managed_fields=by_syncers) is None
+    )
+    assert finalizer_owner(["example.io/other", eu, us], managed_fields=by_syncers) == "eu"
+    # both claimed (left by syncers that fought): list order decides, the same for everyone
+    assert finalizer_owner([us, eu], managed_fields=by_syncers) == "us"
+
+
+def test_a_finalizer_the_syncer_did_not_add_is_no_claim() -> None:
+    eu, us = finalizer("eu"), finalizer("us")
+    # a consumer wrote both names (kubectl edit): nobody's claim, nobody is contested
+    assert finalizer_owner([us, eu], managed_fields=[added_by("kubectl-edit", us, eu)]) is None
+    assert finalizer_owner([us, eu], managed_fields=None) is None
+    # ... also not when the consumer's finalizer comes first and eu's own claim second
+    by_eu = [added_by("kubectl-edit", us), added_by(field_manager("eu"), eu)]
+    assert finalizer_owner([us, eu], managed_fields=by_eu) == "eu"
+    # another syncer's manager owning *eu's* name is no claim of eu's (nor of its own)
+    assert finalizer_owner([eu], managed_fields=[added_by(field_manager("us"), eu)]) is None
+    # a subresource's entry cannot own finalizers
+    status = [added_by(field_manager("us"), us, subresource="status")]
+    assert finalizer_owner([us], managed_fields=status) is None
+    # malformed managedFields are no claims, never an error
+    junk: list[Any] = [{"manager": 3}, {"manager": "m", "fieldsV1": []}, {}]
+    assert finalizer_owner([us], managed_fields=junk) is None

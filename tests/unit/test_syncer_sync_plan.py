@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from vwserver.syncer.config import ResourceConfig
-from vwserver.syncer.naming import ObjectKey, downstream_namespace
+from vwserver.syncer.naming import (
+    FINALIZER_PREFIX,
+    ObjectKey,
+    downstream_namespace,
+    field_manager,
+)
 from vwserver.syncer.sync_plan import (
     ITEMS,
     Apply,
@@ -64,8 +69,14 @@ def ctx(**overrides: Any) -> Context:
 
 
 def upstream(
-    *, finalizers: tuple[str, ...] = (FIN,), deleting: bool = False, **extra: Any
+    *,
+    finalizers: tuple[str, ...] = (FIN,),
+    deleting: bool = False,
+    added_by_syncers: bool = True,
+    **extra: Any,
 ) -> dict[str, Any]:
+    """``added_by_syncers``: managedFields say each syncer finalizer was added by that syncer
+    (its claim); else a consumer wrote them all (``kubectl edit``)."""
     meta: dict[str, Any] = {
         "name": "db",
         "namespace": "default",
@@ -78,6 +89,17 @@ def upstream(
     }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    meta["managedFields"] = [
+        {
+            "manager": field_manager(f.removeprefix(FINALIZER_PREFIX))
+            if added_by_syncers
+            else "kubectl-edit",
+            "operation": "Update",
+            "fieldsV1": {"f:metadata": {"f:finalizers": {f'v:"{f}"': {}}}},
+        }
+        for f in finalizers
+        if f.startswith(FINALIZER_PREFIX)
+    ]
     return {
         "apiVersion": "mongodbcommunity.mongodb.com/v1",
         "kind": "MongoDBCommunity",
@@ -175,9 +197,28 @@ def test_deletion_deletes_downstream_then_waits_then_releases() -> None:
     assert actions[0] == Delete(NS, "db", "d-1")
     terminating = downstream_of(up, deletionTimestamp="2026-01-01T00:00:00Z")
     assert kinds(plan(KEY, up, terminating, tombstone=None, ctx=ctx())) == ["PatchStatus", "Wait"]
-    assert plan(KEY, up, None, tombstone=None, ctx=ctx()) == [
-        SetFinalizers(("other",), "10", verify_gone=(NS, "db"))
-    ]
+    release = SetFinalizers(("other",), "10", verify_gone=(NS, "db"))
+    # the copy gone: the mirrored status goes, Synced=False/Released, *then* the finalizer
+    synced = upstream(finalizers=(FIN, "other"), deleting=True)
+    synced["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Synced", "status": "True", "reason": "Synced", "message": "synced"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }
+    status, last = plan(KEY, synced, None, tombstone=None, ctx=ctx())
+    assert last == release
+    assert isinstance(status, PatchStatus)
+    assert status.patch["status"]["phase"] is None
+    (condition,) = status.patch["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "Released")
+    assert condition["message"] == (
+        f"the downstream copy {NS}/db is deleted; syncer eu no longer syncs this object"
+    )
+    # once written, only the release is left
+    synced["status"] = {"conditions": [condition]}
+    assert plan(KEY, synced, None, tombstone=None, ctx=ctx()) == [release]
 
 
 def test_deletion_without_our_finalizer_only_cleans_our_copy() -> None:
@@ -435,6 +476,19 @@ def test_an_object_another_syncer_owns_is_left_alone(finalizers: tuple[str, ...]
         assert "owned by syncer us" in contested.message
 
 
+def test_finalizers_a_consumer_wrote_are_no_claim() -> None:
+    """A consumer who writes another syncer's finalizer (first, before ours) raises no
+    "contested" alarm and does not make this syncer stand back: only a syncer's own write is a
+    claim. Ours missing, it is added (under our field manager: a claim from then on)."""
+    for finalizers in ((OTHER,), (OTHER, FIN)):
+        up = upstream(finalizers=finalizers, added_by_syncers=False)
+        actions = plan(KEY, up, None, tombstone=None, ctx=ctx())
+        assert "Contested" not in kinds(actions)
+        assert "Apply" in kinds(actions)
+        if FIN not in finalizers:
+            assert actions[0] == SetFinalizers((*finalizers, FIN), "10")
+
+
 def test_both_finalizers_ours_first_is_ours() -> None:
     up = upstream(finalizers=(FIN, OTHER))
     assert kinds(plan(KEY, up, None, tombstone=None, ctx=ctx())) == [
@@ -455,3 +509,79 @@ def test_deleting_an_object_another_syncer_owns_cleans_up_only_our_leftovers() -
     ]
     only_theirs = upstream(finalizers=(OTHER,), deleting=True)
     assert kinds(plan(KEY, only_theirs, None, tombstone=None, ctx=ctx())) == ["Contested"]
+
+
+# --- metadata the downstream side writes ---------------------------------------------------------
+
+OPERATOR_KEY = "mongodb.com/v1.lastAppliedMongoDBVersion"
+
+
+def owns(manager: str, *keys: tuple[str, str], subresource: str = "") -> dict[str, Any]:
+    """A managedFields entry of the downstream copy: ``manager`` owns these labels/annotations."""
+    meta: dict[str, Any] = {}
+    for kind, name in keys:
+        meta.setdefault(f"f:{kind}", {})[f"f:{name}"] = {}
+    entry: dict[str, Any] = {"manager": manager, "fieldsV1": {"f:metadata": meta}}
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
+
+
+def test_a_key_the_operator_owns_downstream_is_left_to_it() -> None:
+    """The consumer sets the operator's own annotation: once the operator has written it on the
+    copy (managedFields name it), the syncer's apply leaves it out — no forced apply takes it
+    back — and the condition says which key is not copied."""
+    up = upstream()
+    up["metadata"]["annotations"][OPERATOR_KEY] = "9.9.9"
+    first = plan(KEY, up, None, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in first if isinstance(a, Apply)]
+    assert apply.body["metadata"]["annotations"][OPERATOR_KEY] == "9.9.9"  # nobody else's yet
+    down = downstream_of(up)
+    down["metadata"]["annotations"][OPERATOR_KEY] = "6.0.5"
+    down["metadata"]["managedFields"] = [
+        owns(field_manager("eu"), ("labels", "team")),
+        owns("mongodb-operator", ("annotations", OPERATOR_KEY)),
+        owns("someone", ("labels", "team"), subresource="status"),  # no metadata there
+    ]
+    actions = plan(KEY, up, down, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert OPERATOR_KEY not in apply.body["metadata"]["annotations"]
+    assert apply.body["metadata"]["labels"]["team"] == "x"
+    assert apply.overwritten == frozenset()  # a new intent, no round of a fight
+    (status,) = [a for a in actions if isinstance(a, PatchStatus)]
+    message = status.patch["status"]["conditions"][0]["message"]
+    assert message.endswith(f"not copied, written downstream by others: annotation {OPERATOR_KEY}")
+    # shared ownership (the same value applied by both) stays ours: still written
+    down["metadata"]["managedFields"].append(
+        owns(field_manager("eu"), ("annotations", OPERATOR_KEY))
+    )
+    (apply,) = [a for a in plan(KEY, up, down, tombstone=None, ctx=ctx()) if isinstance(a, Apply)]
+    assert apply.body["metadata"]["annotations"][OPERATOR_KEY] == "9.9.9"
+
+
+def test_a_key_put_back_is_counted_and_a_withheld_key_is_not_written() -> None:
+    up = upstream()
+    applied = downstream_of(up)
+    removed = downstream_of(up)
+    del removed["metadata"]["labels"]["team"]  # someone removed it (nobody owns it now)
+    actions = plan(KEY, up, removed, tombstone=None, ctx=ctx())
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert apply.overwritten == {("labels", "team")}
+    assert apply.body["metadata"]["labels"]["team"] == "x"
+    # the consumer changes the value: a new intent, not a flip
+    changed = upstream()
+    changed["metadata"]["labels"]["team"] = "y"
+    (apply,) = [
+        a for a in plan(KEY, changed, applied, tombstone=None, ctx=ctx()) if isinstance(a, Apply)
+    ]
+    assert apply.overwritten == frozenset()
+    # withheld: not written, reported
+    withheld = ctx(withheld=frozenset({("labels", "team")}))
+    actions = plan(KEY, up, removed, tombstone=None, ctx=withheld)
+    (apply,) = [a for a in actions if isinstance(a, Apply)]
+    assert "team" not in apply.body["metadata"]["labels"]
+    (status,) = [a for a in actions if isinstance(a, PatchStatus)]
+    assert (
+        "not copied, written downstream by others: label team"
+        in status.patch["status"]["conditions"][0]["message"]
+    )

@@ -238,7 +238,14 @@ STATUS_PATCHES: list[tuple[str, Any, str, dict[str, Any] | None, Any]] = [
         [TEST_RV, {"op": "add", "path": "/status", "value": {}}],
     ),
     ("missing", {"status": {}}, MERGE_PATCH, None, MISSING),
-    ("leaving", {"status": {}}, MERGE_PATCH, LEAVING, Leaving("")),
+    # a controller still reports on an object leaving its slice (before it lets go)
+    (
+        "leaving",
+        {"status": {}},
+        MERGE_PATCH,
+        LEAVING,
+        Send({"status": {}, "metadata": {"resourceVersion": RV}}, True, leaving_since=""),
+    ),
 ]
 
 

@@ -178,13 +178,20 @@ class WorkQueue(Generic[K]):
         elif due < self._timer_due:
             self._rearm.set()
 
-    def add_rate_limited(self, key: K) -> float:
+    def add_rate_limited(self, key: K, *, backoff: Backoff | None = None) -> float:
         """Add a key whose processing failed after its backoff (and the overall rate limit);
-        the delay chosen."""
+        the delay chosen. ``backoff``: another curve for this failure (e.g. a long one for an
+        error no retry can fix), counted on the same consecutive failures."""
         failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = max(self._backoff.delay(failures), self.bucket(self._group(key)).reserve())
+        curve = backoff or self._backoff
+        delay = max(curve.delay(failures), self.bucket(self._group(key)).reserve())
         self.add_after(key, delay)
         return delay
+
+    def backing_off(self, key: K) -> bool:
+        """Whether ``key`` failed and waits for its retry: a periodic re-add (a resync) that
+        queued it now would cut the backoff short (:meth:`add` still does, for a real change)."""
+        return key in self._failures and key in self._waiting
 
     def bucket(self, group: Hashable) -> TokenBucket:
         """The retry budget of ``group`` (the queue's one bucket without ``group``)."""

@@ -92,6 +92,20 @@ class ReflectorHandler(Protocol):
 H = TypeVar("H", bound=ReflectorHandler)
 
 
+class Admission(Protocol):
+    """What a :class:`Reflector` keeps of each object, decided as soon as it is decoded — before
+    the rest of a list is read — so that what a caller does not want to hold (an object over a
+    size bound) is never held for longer than its own decoding."""
+
+    def begin_list(self) -> None:
+        """A list starts: what it admits replaces everything admitted before."""
+        ...
+
+    def admit(self, kind: str, obj: JSON) -> JSON:
+        """What to keep of ``obj`` (``kind``: LISTED, ADDED, MODIFIED or DELETED)."""
+        ...
+
+
 def resource_version(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -257,17 +271,27 @@ class Reflector(_ListWatch, Generic[H]):
         url: str,
         handler: H,
         clock: Clock,
+        admission: Admission | None = None,
         **options: Unpack[LoopOptions],
     ) -> None:
         super().__init__(name=name, client=client, url=url, clock=clock, **options)
         self.handler = handler
+        self._admission = admission
 
     async def _list(self) -> None:
         items: list[JSON] = []
         token = ""
+        admission = self._admission
+        if admission is not None:
+            admission.begin_list()
         while True:
             page = await self._client.request("GET", self.url, query=self._list_query(token))
-            items.extend(page.get("items") or [])
+            listed = page.pop("items", None) or []
+            if admission is not None:
+                # the page's full objects are released here, before the next page is read
+                listed = [admission.admit("LISTED", obj) for obj in listed]
+            items.extend(listed)
+            del listed
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:
@@ -292,6 +316,8 @@ class Reflector(_ListWatch, Generic[H]):
                         self.resource_version = rv
                         self.handler.on_bookmark(rv)
                     continue
+                if self._admission is not None:
+                    obj = self._admission.admit(kind, obj)
                 self.handler.on_event(kind, obj)
                 if rv:
                     self.resource_version = rv

@@ -18,8 +18,10 @@ the finalizers, so that kcp alone records which slice holds what:
   slice carries it again, so the applier never drops it by omission.
 
 An object *leaving* a slice (the slice holds it, its labels no longer match) shows there as
-being deleted; through that slice the one write still allowed releases the slice's own
-finalizers (:func:`serve_leaving`). The client's write is first run upstream as a dry run under
+being deleted; through that slice the writes still allowed are a PATCH of its ``status``
+(:func:`vwserver.proxy.write_plan.plan_status_patch`: a status write changes nothing the
+membership or the holds read) and the release of the slice's own finalizers
+(:func:`serve_leaving`). The client's write is first run upstream as a dry run under
 the proxy's precondition; if its result differs from the stored object only by removing
 finalizers the slice holds, the proxy writes exactly that removal (and the annotation) as its
 own conditional JSON patch. Anything else is 409 Conflict: the object is leaving the slice.

@@ -36,6 +36,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vwserver.errors import RequestError
+from vwserver.holds import as_leaving
 from vwserver.proxy.cached import api_path
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import UndecodableError, decode_head
@@ -235,5 +236,7 @@ async def execute(
             _wrote(ctx, raw)
         if status in (200, 201) and method != "DELETE" and not ctx.api.subresource and not dry_run:
             _check_admitted(ctx, raw)
+        if status == 200 and decision.leaving_since is not None:
+            response.body = as_leaving(raw, decision.leaving_since)
         return response
     raise kept_changing(ctx)

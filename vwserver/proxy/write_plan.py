@@ -68,6 +68,9 @@ class Send:
     """The precondition is the proxy's alone (the client sent none): when it fails the object
     changed since it was read (or the cache was behind) and the write is planned again from a
     fresh read; the client never sees a conflict it did not ask for."""
+    leaving_since: str | None = None
+    """The object is leaving the slice (since then; ``""``: not recorded yet) and this write
+    may still be made: its answer is shown as the slice sees the object, being deleted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +143,25 @@ def plan_status_patch(
     annotations, finalizers, ``deletionTimestamp`` and ``spec`` it sends are ignored
     (apiextensions' ``statusStrategy.PrepareForUpdate`` copies the old object). So the result's
     membership is the stored object's; the precondition is still needed, because the object
-    could leave the slice between the check and the write."""
+    could leave the slice between the check and the write.
+
+    An object *leaving* the slice takes status writes too (answered as being deleted): a
+    status write changes nothing the membership or the holds read, the slice that holds the
+    object is the only one that sees it until it lets go, and its controller must be able to
+    say what its cleanup did before it releases its finalizer — a syncer's ``Synced=True``
+    would otherwise stay on an object whose copy is gone."""
     if stored is None:
         return MISSING
     since = _leaving(target, stored)
-    if since is not None:
-        return Leaving(since)
     if isinstance(patch, list):
-        return Send(json_patch_precondition(patch, stored), own_precondition=True)
-    return Send(with_resource_version(patch, stored, target), own_precondition=not _given_rv(patch))
+        return Send(
+            json_patch_precondition(patch, stored), own_precondition=True, leaving_since=since
+        )
+    return Send(
+        with_resource_version(patch, stored, target),
+        own_precondition=not _given_rv(patch),
+        leaving_since=since,
+    )
 
 
 def plan_delete(target: WriteTarget, options: dict[str, Any], stored: Stored | None) -> Decision:

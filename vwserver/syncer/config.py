@@ -151,6 +151,18 @@ class ResourceConfig(_Strict):
     status_exclude: list[str] = msgspec.field(default_factory=list)
     """Paths under ``status`` of the downstream object that never go up to kcp (e.g. internal
     connection strings), dot-separated (``connection.secret``)."""
+    metadata_exclude: list[str] = msgspec.field(default_factory=list)
+    """Label/annotation key prefixes of this resource that the downstream side writes (its
+    operator's own keys, e.g. ``mongodb.com/``): never copied, whatever the consumer sets. (Keys
+    another field manager owns on the downstream copy are left to it anyway.)"""
+    max_object_bytes: int = 262144
+    """Objects larger than this (bytes of JSON, as kcp sends them) are not synced: only their
+    metadata is kept in memory, and they show ``Synced=False``, reason ``ObjectTooLarge``
+    (1024 to 3145728)."""
+    max_cluster_bytes: int = 33554432
+    """The objects of one consumer workspace kept in full add up to at most this (bytes of
+    JSON); further ones are not synced: ``Synced=False``, reason ``ObjectTooLarge`` (at least
+    ``maxObjectBytes``)."""
 
     @property
     def target(self) -> DownstreamType:
@@ -221,7 +233,7 @@ class SyncerConfig(CommandConfig, kw_only=True):
 
     @property
     def field_manager(self) -> str:
-        return f"vwserver-syncer-{self.name}"
+        return naming.field_manager(self.name)
 
     @property
     def lease_name(self) -> str:
@@ -285,6 +297,14 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
                     f"{field}.statusExclude[{j}]",
                     f"{path!r} is not a dotted path under status (e.g. mongoUri or a.b)",
                 )
+        for j, key in enumerate(res.metadata_exclude):
+            if not key:
+                raise ConfigError(f"{field}.metadataExclude[{j}]", "must not be empty")
+        # kcp refuses objects over 1.5 MiB (etcd's request limit); 1 KiB holds no real object
+        if not 1024 <= res.max_object_bytes <= 3 * 1024 * 1024:
+            raise ConfigError(f"{field}.maxObjectBytes", "must be between 1024 and 3145728")
+        if res.max_cluster_bytes < res.max_object_bytes:
+            raise ConfigError(f"{field}.maxClusterBytes", "must be at least maxObjectBytes")
     prefix = config.namespace_prefix
     if prefix and not re.fullmatch(r"[a-z0-9][-a-z0-9]{0,19}", prefix):
         raise ConfigError(

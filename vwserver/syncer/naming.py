@@ -16,9 +16,11 @@ annotations (complete: cluster, namespace, name, uid, syncer) that link them to 
 Only an object whose labels say this syncer owns it is ever deleted by it.
 
 Upstream, a syncer marks every object it syncs with its finalizer
-``sync.edge-connect.eu/syncer-<name>``. That finalizer is also its claim on the object when
-several syncers see it (:func:`finalizer_owner`): the only mark every syncer can read on the kcp
-object itself, set before anything is created downstream.
+``sync.edge-connect.eu/syncer-<name>``, written under its field manager (:func:`field_manager`).
+That finalizer is also its claim on the object when several syncers see it
+(:func:`finalizer_owner`): the only mark every syncer can read on the kcp object itself, set
+before anything is created downstream — a claim only where ``managedFields`` say the syncer
+wrote it, not where a consumer wrote the name.
 """
 
 from __future__ import annotations
@@ -76,22 +78,61 @@ def finalizer(syncer: str) -> str:
     return f"{FINALIZER_PREFIX}{syncer}"
 
 
-def finalizer_owner(finalizers: Iterable[str]) -> str | None:
-    """The syncer that owns an upstream object: the one whose finalizer comes *first* in
-    ``metadata.finalizers``; None if no syncer's finalizer is there.
+def field_manager(syncer: str) -> str:
+    """The field manager of every write syncer ``syncer`` makes (server-side apply downstream,
+    its finalizer upstream): what ``managedFields`` names as the author of those fields."""
+    return f"vwserver-syncer-{syncer}"
+
+
+def finalizer_owner(
+    finalizers: Iterable[str], *, managed_fields: Iterable[Mapping[str, Any]] | None
+) -> str | None:
+    """The syncer that owns an upstream object: the one whose *claimed* finalizer comes first
+    in ``metadata.finalizers``; None if no syncer's finalizer there is claimed.
+
+    Claimed: ``managedFields`` says the syncer's own field manager (:func:`field_manager`)
+    added the finalizer — the ``v:"<finalizer>"`` member of ``f:metadata.f:finalizers`` in an
+    entry of that manager on the object itself (not a subresource). A finalizer a consumer put
+    there (``kubectl edit``, a patch under any other manager) is no claim: a tenant cannot make
+    a syncer stand back, or raise the provider's "contested" alarm, by writing two syncers'
+    finalizer names. (The manager name is the author's own word: a consumer who writes with
+    ``--field-manager vwserver-syncer-<name>`` on purpose still can; what he then disturbs is
+    his own object.)
 
     Why first: the apiserver keeps the list in the order written, and a syncer only ever appends
-    its finalizer with a write conditional on the resourceVersion it read, so the first syncer
-    finalizer is the claim that was made first — of two syncers racing for a new object, exactly
-    one write succeeds and the other sees the winner's finalizer when it looks again. An object
-    that carries several syncer finalizers (put there by syncers that fought before this rule
-    existed, or by hand) belongs to the first listed: every syncer reads the same list, so all of
-    them agree without talking to each other.
+    its finalizer with a write conditional on the resourceVersion it read, so the first claimed
+    syncer finalizer is the claim that was made first — of two syncers racing for a new object,
+    exactly one write succeeds and the other sees the winner's finalizer when it looks again.
+    Every syncer reads the same list and the same ``managedFields``, so all of them agree
+    without talking to each other.
     """
+    claims = finalizer_claims(managed_fields)
     for name in finalizers:
         if name.startswith(FINALIZER_PREFIX) and len(name) > len(FINALIZER_PREFIX):
-            return name[len(FINALIZER_PREFIX) :]
+            syncer = name[len(FINALIZER_PREFIX) :]
+            if name in claims.get(field_manager(syncer), ()):
+                return syncer
     return None
+
+
+def finalizer_claims(managed_fields: Iterable[Mapping[str, Any]] | None) -> dict[str, set[str]]:
+    """Per field manager, the finalizers ``managedFields`` says it owns on the object itself
+    (entries of a subresource, e.g. ``status``, cannot own finalizers and are skipped)."""
+    claims: dict[str, set[str]] = {}
+    for entry in managed_fields or ():
+        if entry.get("subresource") or not isinstance(entry.get("manager"), str):
+            continue
+        fields = entry.get("fieldsV1") or {}
+        owned = ((fields.get("f:metadata") or {}) if isinstance(fields, dict) else {}).get(
+            "f:finalizers"
+        )
+        if not isinstance(owned, dict):
+            continue
+        for member in owned:
+            # a member of a set-valued list is keyed by its value as JSON: v:"<finalizer>"
+            if member.startswith('v:"') and member.endswith('"'):
+                claims.setdefault(entry["manager"], set()).add(member[3:-1])
+    return claims
 
 
 def downstream_namespace(cluster: str, namespace: str, *, prefix: str = "") -> str:

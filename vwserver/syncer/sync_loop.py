@@ -27,6 +27,13 @@ Objects that leave the filtered view while carrying our finalizer (see
 the ``vwserver_syncer_stuck_finalizers`` gauge, ``/debug/stuck`` on the health port and a Warning
 Event next to where the downstream copy was — the kcp object itself is unreachable for us then.
 
+Tenants are untrusted: what one consumer's objects make the syncer hold is bounded
+(:mod:`vwserver.syncer.memory`); an error no retry fixes backs off to an hour
+(:data:`PERMANENT_BACKOFF`) and the resync does not cut that short; ``Synced=False`` messages
+name no address (:func:`error_message`); a consumer label/annotation the downstream side writes
+is left to it, and one put back :data:`FLIP_LIMIT` times is no longer written
+(:func:`~vwserver.syncer.sync_plan.left_downstream`).
+
 Quiet when idle: the answer to every write (status PATCH, server-side apply) is the object as
 stored, and :func:`~vwserver.syncer.sync_plan.learn` reads from it which fields the schema on
 that side prunes or defaults. Those facts are kept per resource and side for the life of the
@@ -34,9 +41,10 @@ controller (:attr:`ResourceController.upstream_schema`, :attr:`~ResourceControll
 downstream_schema`, gauge ``vwserver_syncer_pruned_fields``, one log line per field) and passed to
 every plan, so a schema without ``status.conditions`` costs one write, not one per reconcile.
 
-Two syncers on the same objects: an object whose first syncer finalizer is another syncer's is
-left alone (:class:`~vwserver.syncer.sync_plan.Contested`): one warning per object, the gauge
-``vwserver_syncer_contested_objects``, and :meth:`ResourceController.contested` /
+Two syncers on the same objects: an object whose first claimed syncer finalizer (written by
+that syncer's field manager, see :func:`~vwserver.syncer.naming.finalizer_owner`) is another
+syncer's is left alone (:class:`~vwserver.syncer.sync_plan.Contested`): one warning per
+object, the gauge ``vwserver_syncer_contested_objects``, and :meth:`ResourceController.contested` /
 :meth:`~ResourceController.contention` for readiness.
 """
 
@@ -44,21 +52,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from vwserver.clock import Clock, rfc3339
 from vwserver.errors import (
     ApiConflict,
     ApiError,
     ApiNotFound,
+    ObjectTooLarge,
     OwnershipError,
     SyncError,
     UpstreamUnavailable,
 )
 from vwserver.k8s import kcp
+from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.queue import WorkQueue
@@ -66,6 +79,7 @@ from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
 from vwserver.syncer import sync_plan
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
+from vwserver.syncer.memory import UPSTREAM_PAGE, SharingCache, TenantBudget
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import (
     LABEL_SYNCER,
@@ -81,6 +95,9 @@ from vwserver.syncer.naming import (
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1024
+#: Rounds of putting back a label/annotation someone else changed on the copy, after which the
+#: syncer stops writing that key for the object (and says so in its condition): never a fight.
+FLIP_LIMIT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +140,50 @@ def error_reason(error: Exception) -> str:
     return "InternalError"
 
 
+#: Errors no retry fixes until the object changes (a refused object, one over the size limit):
+#: retried from 30 s doubling to an hour, not every minute — each retry of a big object is a
+#: big write. A change of the object (its event) is still synced at once.
+PERMANENT_BACKOFF = Backoff(initial=30.0, maximum=3600.0, jitter=0.1)
+
+# Addresses in an API server's message (webhook URLs, "dial tcp 10.0.0.7:443", host:port).
+_ADDRESS = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"']+"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"
+    r"|\[[0-9a-fA-F:]+\](?::\d+)?"
+)
+
+
+def permanent(error: Exception) -> bool:
+    """Whether retrying cannot help until the object (or the downstream schema) changes: the
+    API server refused the request itself (400, 413, 422), or the syncer did (a
+    :class:`~vwserver.errors.SyncError` marked permanent)."""
+    if isinstance(error, SyncError):
+        return error.permanent
+    return isinstance(error, ApiError) and error.code in (400, 413, 422)
+
+
+def error_message(error: Exception, *, downstream_base: str, hide: Iterable[str] = ()) -> str:
+    """The ``Synced=False`` message for an error, as a *tenant* may read it: which side failed
+    and why, never an address — not the downstream cluster's URL or query (the URL an
+    :class:`~vwserver.errors.ApiError` carries), not a host, IP address or URL in the server's
+    own message (a webhook's address), not the strings in ``hide`` (the endpoints' hosts)."""
+    down = urlsplit(downstream_base).netloc
+    if isinstance(error, ApiError):
+        side = "the downstream cluster" if error.url.startswith(downstream_base) else "kcp"
+        text = f"{side} answered {error.code} {error.reason or 'error'}: {error.message}"
+    elif isinstance(error, UpstreamUnavailable):
+        side = "the downstream cluster" if down and down in str(error) else "kcp"
+        text = f"{side} is unreachable"
+    elif isinstance(error, SyncError):
+        text = str(error)
+    else:
+        text = f"internal error ({type(error).__name__}); see the syncer's log"
+    for secret in (down, *hide):
+        if secret:
+            text = text.replace(secret, "<address>")
+    return _ADDRESS.sub("<address>", text)[:_MAX_MESSAGE]
+
+
 def _dotted(path: sync_plan.FieldPath) -> str:
     """``("status", "conditions", "[]", "reason")`` → ``status.conditions[].reason``."""
     return ".".join(path).replace(".[]", "[]")
@@ -163,12 +224,18 @@ class ResourceController:
         self.queue: WorkQueue[ObjectKey] = WorkQueue(clock=clock)
         self.upstream_reflectors: dict[str, Reflector[Cache[ObjectKey]]] = {}
         self._upstream_tasks: dict[str, asyncio.Task[None]] = {}
+        #: Per endpoint, the size bounds of what its reflector keeps (vwserver.syncer.memory).
+        self._budgets: dict[str, TenantBudget] = {}
         self._endpoints_known = False
         self.downstream_reflector = Reflector(
             name=f"downstream {self.name}",
             client=downstream,
             url=self.target.collection(downstream_base),
-            handler=Cache(key=_downstream_key, handler=_DownstreamEvents(self)),
+            handler=SharingCache(
+                key=_downstream_key,
+                handler=_DownstreamEvents(self),
+                upstream_of=self._source_of,
+            ),
             clock=clock,
             label_selector=f"{LABEL_SYNCER}={config.name}",
             on_restart=lambda cause: metrics.watch_restarts.labels(
@@ -180,6 +247,10 @@ class ResourceController:
         self.stuck: dict[ObjectKey, StuckObject] = {}
         self._contested: dict[ObjectKey, ContestedObject] = {}
         self._namespaces_ok: set[str] = set()
+        #: Per object, how often each user label/annotation was put back after someone else
+        #: changed it on the copy, and the keys no longer written (FLIP_LIMIT reached).
+        self._flips: dict[ObjectKey, dict[sync_plan.MetadataKey, int]] = {}
+        self.withheld: dict[ObjectKey, frozenset[sync_plan.MetadataKey]] = {}
         #: What kcp's schema of this resource does to the status we write (learned).
         self.upstream_schema = sync_plan.SchemaFacts()
         #: What the downstream schema does to the copies we apply (learned).
@@ -235,6 +306,17 @@ class ResourceController:
                 return obj, endpoint
         return None, None
 
+    def too_large(self, key: ObjectKey) -> str | None:
+        """Why ``key`` is kept only as a stub (over a size bound), or None."""
+        for budget in self._budgets.values():
+            if (reason := budget.too_large.get(key)) is not None:
+                return reason
+        return None
+
+    def _source_of(self, copy: JSON) -> JSON | None:
+        key = source_key(copy)
+        return None if key is None else self.upstream_object(key)[0]
+
     def downstream_object(self, key: ObjectKey) -> JSON | None:
         namespace = self._namespace_of(key)
         return self.downstream_reflector.handler.get((namespace, key.name))
@@ -251,6 +333,7 @@ class ResourceController:
             if url not in wanted:
                 log.info("%s: endpoint %s removed", self.name, url)
                 self._upstream_tasks.pop(url).cancel()
+                self._budgets.pop(url, None)
                 reflector = self.upstream_reflectors.pop(url)
                 for obj in reflector.handler.objects.values():
                     if (key := upstream_key(obj)) is not None:
@@ -258,12 +341,19 @@ class ResourceController:
         for url in wanted:
             if url in self.upstream_reflectors:
                 continue
+            budget = self._budgets[url] = TenantBudget(
+                key=upstream_key,
+                max_object_bytes=self.resource.max_object_bytes,
+                max_cluster_bytes=self.resource.max_cluster_bytes,
+            )
             reflector = Reflector(
                 name=f"upstream {self.name} @ {url}",
                 client=self._upstream,
                 url=self.source.collection(kcp.clusters(url)),
                 handler=Cache(key=upstream_key, handler=_UpstreamEvents(self)),
                 clock=self._clock,
+                admission=budget,
+                page_size=UPSTREAM_PAGE,
                 on_restart=lambda cause: self._metrics.watch_restarts.labels(
                     self.name, "upstream", cause
                 ).inc(),
@@ -308,13 +398,15 @@ class ResourceController:
 
     def resync(self) -> None:
         """Queue every known key: upstream objects and the sources of downstream objects (the
-        sweep: a downstream object whose source is gone is deleted by its reconcile)."""
+        sweep: a downstream object whose source is gone is deleted by its reconcile). A key
+        waiting for the retry of a failure is left waiting: the resync must not cut a backoff
+        short (a permanent error would be retried every ``resyncSeconds`` otherwise)."""
         for reflector in self.upstream_reflectors.values():
             for obj in reflector.handler.objects.values():
-                if (key := upstream_key(obj)) is not None:
+                if (key := upstream_key(obj)) is not None and not self.queue.backing_off(key):
                     self.queue.add(key)
         for obj in self.downstream_reflector.handler.objects.values():
-            if (key := source_key(obj)) is not None:
+            if (key := source_key(obj)) is not None and not self.queue.backing_off(key):
                 self.queue.add(key)
         self._update_gauges()
 
@@ -361,7 +453,9 @@ class ResourceController:
             self._update_gauges()
 
     async def _failed(self, key: ObjectKey, error: Exception) -> None:
-        delay = self.queue.add_rate_limited(key)
+        delay = self.queue.add_rate_limited(
+            key, backoff=PERMANENT_BACKOFF if permanent(error) else None
+        )
         reason = error_reason(error)
         self._metrics.reconciles.labels(self.name, "error").inc()
         self._metrics.sync_errors.labels(self.name, reason).inc()
@@ -370,12 +464,19 @@ class ResourceController:
         if upstream is None or endpoint is None:
             return  # nothing left to report on (gone from our view)
         meta = upstream.get("metadata") or {}
-        if finalizer_owner(meta.get("finalizers") or ()) not in (None, self.config.name):
+        owner = finalizer_owner(
+            meta.get("finalizers") or (), managed_fields=meta.get("managedFields")
+        )
+        if owner not in (None, self.config.name):
             return  # another syncer's object: its status is not ours to write
         condition = sync_plan.new_condition(
             status=False,
             reason=reason,
-            message=str(error)[:_MAX_MESSAGE],
+            message=error_message(
+                error,
+                downstream_base=self._down_base,
+                hide=[urlsplit(u).netloc for u in self.upstream_reflectors],
+            ),
             generation=meta.get("generation"),
         )
         patch = sync_plan.condition_patch(
@@ -408,25 +509,39 @@ class ResourceController:
             finalizer=self.config.finalizer,
             resource=self.resource,
             namespace_prefix=self.config.namespace_prefix,
-            exclude_prefixes=tuple(self.config.exclude_metadata_prefixes),
+            exclude_prefixes=(
+                *self.config.exclude_metadata_prefixes,
+                *self.resource.metadata_exclude,
+            ),
             may_delete_orphans=self.synced,
             now=self._clock.now(),
             upstream_schema=self.upstream_schema,
             downstream_schema=self.downstream_schema,
+            withheld=self.withheld.get(key, frozenset()),
+            too_large=None if upstream is None else self.too_large(key),
         )
+        if upstream is None:
+            self._flips.pop(key, None)
+            self.withheld.pop(key, None)
         actions = sync_plan.plan(key, upstream, downstream, tombstone=tombstone, ctx=ctx)
         if actions:
             log.debug("%s: %s: %s", self.name, key, [type(a).__name__ for a in actions])
         if not any(isinstance(a, sync_plan.Contested) for a in actions):
             self._clear_contested(key, gone=upstream is None)
+        written: str | None = None  # the resourceVersion our status write made
         for action in actions:
-            await self._execute(key, action, endpoint=endpoint)
+            if isinstance(action, sync_plan.SetFinalizers) and written is not None:
+                # our own status write moved the version on: the finalizer write is conditional
+                # on the object as we left it, not as we read it (else a 409 and one more round)
+                action = dataclasses.replace(action, resource_version=written)
+            written = await self._execute(key, action, endpoint=endpoint)
         if upstream is None:
             self.tombstones.pop(key, None)
 
     async def _execute(
         self, key: ObjectKey, action: sync_plan.Action, *, endpoint: str | None
-    ) -> None:
+    ) -> str | None:
+        """Carry out one action; the resourceVersion a status write left, else None."""
         name = self.name
         match action:
             case sync_plan.SetFinalizers(finalizers, rv, verify_gone):
@@ -435,9 +550,12 @@ class ResourceController:
                     url = self.target.item(self._down_base, *verify_gone)
                     if await self._downstream.get(url) is not None:
                         raise _Wait(2.0, "downstream object still exists")
+                # under the syncer's field manager: managedFields then names it as the
+                # finalizer's author, which is what makes it a claim (naming.finalizer_owner)
                 await self._upstream.merge_patch(
                     self._upstream_url(key, endpoint),
                     {"metadata": {"finalizers": list(finalizers), "resourceVersion": rv}},
+                    field_manager=self.config.field_manager,
                 )
                 self._metrics.writes.labels(name, "upstream", "finalizer").inc()
                 log.info(
@@ -449,7 +567,9 @@ class ResourceController:
                 )
             case sync_plan.EnsureNamespace(namespace, metadata):
                 await self._ensure_namespace(key, namespace, metadata)
-            case sync_plan.Apply(namespace, obj_name, body):
+            case sync_plan.Apply(namespace, obj_name, body, overwritten):
+                if self._count_flips(key, overwritten):
+                    raise _Wait(0.0, "metadata keys withheld; planning again without them")
                 url = self.target.item(self._down_base, namespace, obj_name)
                 try:
                     stored = await self._downstream.apply(
@@ -468,7 +588,7 @@ class ResourceController:
                     live = await self._upstream.get(self._upstream_url(key, endpoint))
                     if live is not None:
                         log.info("%s: %s: still exists upstream, not an orphan", name, key)
-                        return
+                        return None
                 url = self.target.item(self._down_base, namespace, obj_name)
                 # gone already (404), or replaced: the uid differs (409)
                 with contextlib.suppress(ApiNotFound, ApiConflict):
@@ -482,17 +602,45 @@ class ResourceController:
                         self._upstream_url(key, endpoint, "status"), patch
                     )
                 except ApiNotFound:
-                    return  # deleted or out of view meanwhile; its event follows
+                    return None  # deleted or out of view meanwhile; its event follows
                 self._metrics.writes.labels(name, "upstream", "status").inc()
                 self._learn(key, patch, result, upstream=True)
+                return str((result.get("metadata") or {}).get("resourceVersion") or "") or None
             case sync_plan.Wait(seconds, reason):
                 raise _Wait(seconds, reason)
             case sync_plan.Blocked(message):
                 raise OwnershipError(message)
+            case sync_plan.TooLarge(message):
+                raise ObjectTooLarge(message)
             case sync_plan.Stuck(message):
                 await self._report_stuck(key, message)
             case sync_plan.Contested(owner, message):
                 self._record_contested(key, owner, message)
+        return None
+
+    def _count_flips(self, key: ObjectKey, overwritten: frozenset[sync_plan.MetadataKey]) -> bool:
+        """Count one more round of putting ``overwritten`` back; True when a key reached
+        :data:`FLIP_LIMIT` and is withheld from now on (the apply is planned again without)."""
+        if not overwritten:
+            return False
+        counts = self._flips.setdefault(key, {})
+        stop = set()
+        for item in overwritten:
+            counts[item] = counts.get(item, 0) + 1
+            if counts[item] >= FLIP_LIMIT:
+                stop.add(item)
+        if not stop:
+            return False
+        self.withheld[key] = self.withheld.get(key, frozenset()) | stop
+        log.warning(
+            "%s: %s: %s changed on the downstream copy by another writer %d times; no longer "
+            "written (reported in the Synced condition)",
+            self.name,
+            key,
+            ", ".join(f"{kind[:-1]} {name}" for kind, name in sorted(stop)),
+            FLIP_LIMIT,
+        )
+        return True
 
     def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
         base = kcp.clusters(endpoint, key.cluster)

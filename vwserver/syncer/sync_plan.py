@@ -12,10 +12,13 @@ live                           add our finalizer (first, so no deletion can be m
                                intent changed or it drifted; status up (only if it changed),
                                with condition ``Synced=True``
 live, downstream not ours      finalizer, then :class:`Blocked` (reported as ``Synced=False``)
+live, over a size bound        :class:`TooLarge` only (``Synced=False``, ``ObjectTooLarge``)
 live, another syncer's         :class:`Contested` only: no finalizer, no downstream write, no
 finalizer first                status (see :func:`~vwserver.syncer.naming.finalizer_owner`)
 deleting, our finalizer        delete downstream (ours only), wait until it is really gone
-                               (a live GET), then remove our finalizer
+                               (a live GET), write ``Synced=False``/``Released`` in place of
+                               the mirrored status, then remove our finalizer (also what an
+                               object *leaving the slice* looks like through a holding slice)
 deleting, no finalizer of us   delete a downstream copy of ours if one is left; nothing else
 deleting, another's first      as above (our own leftovers go: deleting is no fight), but no
                                status write, and :class:`Contested`
@@ -65,7 +68,9 @@ from vwserver.syncer.naming import (
     ANN_APPLIED,
     ObjectKey,
     downstream_namespace,
+    field_manager,
     finalizer_owner,
+    is_internal_key,
     link_annotations,
     link_labels,
     namespace_metadata,
@@ -83,6 +88,10 @@ _NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
 
 
 # --- what a server keeps of our writes ---------------------------------------------------------
+
+#: A label or annotation: ``("labels" | "annotations", key)``.
+MetadataKey = tuple[str, str]
+_METADATA_MAPS = ("labels", "annotations")
 
 #: A field: the keys from the object's root, e.g. ``("status", "conditions")``.
 FieldPath = tuple[str, ...]
@@ -196,6 +205,11 @@ class Context:
     upstream_schema: SchemaFacts = SchemaFacts()
     #: What the downstream schema does to the copies the syncer applies.
     downstream_schema: SchemaFacts = SchemaFacts()
+    #: User metadata keys of this object the syncer stopped writing because another writer
+    #: kept changing them back (see :class:`Apply`'s ``overwritten``).
+    withheld: frozenset[MetadataKey] = frozenset()
+    #: Why the upstream object is kept only as a stub (over a size bound), or None.
+    too_large: str | None = None
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -222,6 +236,9 @@ class Apply:
     namespace: str
     name: str
     body: JSON
+    #: User metadata keys someone else changed on the copy since the syncer's last apply (the
+    #: intent is unchanged, the copy differs): writing them again is one round of a fight.
+    overwritten: frozenset[MetadataKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -254,6 +271,14 @@ class Blocked:
 
 
 @dataclass(frozen=True)
+class TooLarge:
+    """The object is over a size bound (:mod:`vwserver.syncer.memory`): not synced, reported as
+    ``Synced=False``, reason ``ObjectTooLarge``."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Stuck:
     """The object left our view while holding our finalizer; only reporting is possible."""
 
@@ -276,6 +301,7 @@ Action = (
     | PatchStatus
     | Wait
     | Blocked
+    | TooLarge
     | Stuck
     | Contested
 )
@@ -302,7 +328,7 @@ def plan(
     meta = upstream.get("metadata") or {}
     finalizers = tuple(meta.get("finalizers") or ())
     rv = str(meta.get("resourceVersion") or "")
-    owner = finalizer_owner(finalizers)
+    owner = finalizer_owner(finalizers, managed_fields=meta.get("managedFields"))
     contested: list[Action] = []
     if owner is not None and owner != ctx.syncer:
         contested.append(
@@ -325,6 +351,10 @@ def plan(
         return [*contested, *deleting]
     if contested:
         return contested
+    if ctx.too_large is not None:
+        # only its metadata is held: nothing to copy; a copy made while it was smaller, and
+        # our finalizer on it, stay until it is smaller again or deleted
+        return [TooLarge(ctx.too_large)]
 
     actions: list[Action] = []
     if ctx.finalizer not in finalizers:
@@ -341,13 +371,23 @@ def plan(
         actions.append(Wait(2.0, "the downstream object is being deleted; re-creating after"))
         return actions
     actions.append(EnsureNamespace(namespace, namespace_metadata(key.cluster, key.namespace)))
-    desired = desired_downstream(key, upstream, namespace=namespace, ctx=ctx)
+    left = left_downstream(upstream, downstream, ctx=ctx)
+    desired = desired_downstream(key, upstream, namespace=namespace, ctx=ctx, leave=left)
     if needs_apply(desired, downstream, schema=ctx.downstream_schema):
-        actions.append(Apply(namespace, key.name, desired))
+        actions.append(
+            Apply(namespace, key.name, desired, overwritten=overwritten(desired, downstream))
+        )
+    message = f"synced to {namespace}/{key.name} by syncer {ctx.syncer}"
+    if left:
+        message += "; not copied, written downstream by others: " + ", ".join(
+            f"{kind[:-1]} {name}" for kind, name in sorted(left)[:_MAX_REPORTED]
+        )
+        if len(left) > _MAX_REPORTED:
+            message += f" and {len(left) - _MAX_REPORTED} more"
     condition = new_condition(
         status=True,
         reason="Synced",
-        message=f"synced to {namespace}/{key.name} by syncer {ctx.syncer}",
+        message=message,
         generation=meta.get("generation"),
     )
     patch = status_patch(upstream, downstream, condition=condition, ctx=ctx)
@@ -373,7 +413,9 @@ def _deleting(
         return []
     if downstream is None:
         rest = tuple(f for f in finalizers if f != ctx.finalizer)
-        return [SetFinalizers(rest, rv, verify_gone=(namespace, name))]
+        release = SetFinalizers(rest, rv, verify_gone=(namespace, name))
+        patch = released_status_patch(upstream, namespace=namespace, name=name, ctx=ctx)
+        return [PatchStatus(patch), release] if patch is not None and report else [release]
     actions: list[Action] = []
     if not _deleting_now(downstream):
         actions.append(Delete(namespace, name, _uid(downstream)))
@@ -388,6 +430,30 @@ def _deleting(
         actions.append(PatchStatus(patch))
     actions.append(Wait(5.0, "waiting for the downstream object to be gone"))
     return actions
+
+
+def released_status_patch(
+    upstream: JSON, *, namespace: str, name: str, ctx: Context
+) -> JSON | None:
+    """The status an object keeps once the syncer has let go of it (its copy is gone, our
+    finalizer goes next): no longer what the downstream copy reported — that copy is gone —
+    only ``Synced=False``, reason ``Released``. Written before the finalizer goes, so that an
+    object that *left the slice* (shown to us as being deleted; the holding slice still takes
+    status writes) does not keep saying ``Synced=True`` / ``Running`` where nobody syncs it."""
+    condition = new_condition(
+        status=False,
+        reason="Released",
+        message=(
+            f"the downstream copy {namespace}/{name} is deleted; syncer {ctx.syncer} no longer "
+            "syncs this object"
+        ),
+        generation=(upstream.get("metadata") or {}).get("generation"),
+    )
+    current: JSON = upstream.get("status") or {}
+    desired: JSON = {
+        "conditions": with_condition((), condition, stored=current.get("conditions"), now=ctx.now)
+    }
+    return stored_status_patch(current, desired, schema=ctx.upstream_schema)
 
 
 def _gone(
@@ -436,15 +502,87 @@ def left_view_holding(tombstone: JSON, finalizer: str) -> bool:
 
 # --- downstream desired state ----------------------------------------------------------------
 
+#: Keys named in a ``Synced`` condition message at most.
+_MAX_REPORTED = 5
 
-def desired_downstream(key: ObjectKey, upstream: JSON, *, namespace: str, ctx: Context) -> JSON:
-    """The object the syncer server-side applies downstream (its whole intent)."""
+
+def foreign_metadata(downstream: JSON | None, *, manager: str) -> frozenset[MetadataKey]:
+    """The labels and annotations of the downstream copy that another field manager owns and
+    ``manager`` (the syncer) does not, by the copy's ``managedFields``: the operator's (or an
+    admin's) own keys. Server-side apply moves a field to whoever wrote it last (an update
+    takes it over, a forced apply too), so a consumer key the operator also writes shows up
+    here from the operator's first write on."""
+    ours: set[MetadataKey] = set()
+    theirs: set[MetadataKey] = set()
+    for entry in (downstream or {}).get("metadata", {}).get("managedFields") or ():
+        if entry.get("subresource"):
+            continue
+        fields = entry.get("fieldsV1")
+        meta = fields.get("f:metadata") if isinstance(fields, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        owned = ours if entry.get("manager") == manager else theirs
+        for kind in _METADATA_MAPS:
+            for member in meta.get(f"f:{kind}") or {}:
+                if member.startswith("f:"):
+                    owned.add((kind, member[2:]))
+    return frozenset(theirs - ours)
+
+
+def left_downstream(
+    upstream: JSON, downstream: JSON | None, *, ctx: Context
+) -> frozenset[MetadataKey]:
+    """The consumer's labels and annotations the syncer leaves to the downstream side: keys
+    another manager owns on the copy (:func:`foreign_metadata`) and keys it stopped writing
+    after they flipped back (``ctx.withheld``) — of those the consumer sets only."""
+    meta = upstream.get("metadata") or {}
+    wanted = {
+        (kind, name)
+        for kind in _METADATA_MAPS
+        for name in user_metadata(meta.get(kind), extra_prefixes=ctx.exclude_prefixes)
+    }
+    manager = field_manager(ctx.syncer)
+    return frozenset(wanted & (foreign_metadata(downstream, manager=manager) | ctx.withheld))
+
+
+def overwritten(desired: JSON, downstream: JSON | None) -> frozenset[MetadataKey]:
+    """User labels and annotations that ``desired`` sets and the copy has otherwise, while the
+    copy carries the digest of this very intent (:data:`ANN_APPLIED`): the syncer applied them,
+    someone else changed or removed them since."""
+    if downstream is None:
+        return frozenset()
+    have = downstream.get("metadata") or {}
+    want = desired["metadata"]
+    if (have.get("annotations") or {}).get(ANN_APPLIED) != want["annotations"][ANN_APPLIED]:
+        return frozenset()  # a new intent: its apply is no round of a fight
+    out: set[MetadataKey] = set()
+    for kind in _METADATA_MAPS:
+        current = have.get(kind) or {}
+        for name, value in want[kind].items():
+            if not is_internal_key(name) and current.get(name) != value:
+                out.add((kind, name))
+    return frozenset(out)
+
+
+def desired_downstream(
+    key: ObjectKey,
+    upstream: JSON,
+    *,
+    namespace: str,
+    ctx: Context,
+    leave: frozenset[MetadataKey] = frozenset(),
+) -> JSON:
+    """The object the syncer server-side applies downstream (its whole intent); ``leave``:
+    user labels and annotations not to write (:func:`left_downstream`) — an apply that omits a
+    key it does not own leaves the key as its owner wrote it."""
     meta = upstream.get("metadata") or {}
     uid = str(meta.get("uid") or "")
     target = ctx.resource.target
     labels = user_metadata(meta.get("labels"), extra_prefixes=ctx.exclude_prefixes)
-    labels.update(link_labels(key, uid=uid, syncer=ctx.syncer))
     annotations = user_metadata(meta.get("annotations"), extra_prefixes=ctx.exclude_prefixes)
+    for kind, name in leave:
+        (labels if kind == "labels" else annotations).pop(name, None)
+    labels.update(link_labels(key, uid=uid, syncer=ctx.syncer))
     annotations.update(link_annotations(key, uid=uid, syncer=ctx.syncer))
     body: JSON = {
         "apiVersion": f"{target.group}/{target.version}" if target.group else target.version,
