@@ -678,18 +678,25 @@ async def test_a_watch_from_a_version_the_cache_has_not_reached_is_served_from_i
 ) -> None:
     """An informer that listed from kcp (a consistent LIST the cache could not catch up with)
     watches from a resourceVersion newer than the cache's: served from the cache — whose views
-    show objects leaving the slice — skipping the changes up to it, rather than by kcp."""
+    show objects leaving the slice — skipping the changes up to it, rather than by kcp.
+
+    The upstream is at that resourceVersion (a resourceVersion newer than the upstream's own is
+    another shard's: 410, tests/shards/test_foreign_shards.py): a widget the client "already
+    has", then a write of another resource (an APIBinding), which moves the upstream's revision
+    but not the widgets' stream — as every other resource of a kcp shard does."""
     code, listed = await world.call("GET", world.url("a"))
     assert code == 200
     now = int(listed["metadata"]["resourceVersion"])
-    ahead = now + 2  # two changes the client "already has"
+    world.fake.create(cluster="c1", obj=widget("ahead-0", region="a"))
+    world.fake.bind(cluster="rv-elsewhere")
+    ahead = now + 2  # the two changes the client "already has"
     async with world.session.get(
         world.url("a"), params={"watch": "1", "resourceVersion": str(ahead)}
     ) as watch:
-        for i in range(3):
+        for i in (1, 2):
             world.fake.create(cluster="c1", obj=widget(f"ahead-{i}", region="a"))
         events = await _events(watch, until=lambda e: e["type"] == "ADDED")
-    assert [e["object"]["metadata"]["name"] for e in events] == ["ahead-2"]
+    assert [e["object"]["metadata"]["name"] for e in events] == ["ahead-1"]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) > ahead
     # kcp did not answer it (a fallback is counted when it happens; a served watch when it ends)
     fallback = b'vwserver_cache_reads_total{outcome="fallback",verb="watch"} '
