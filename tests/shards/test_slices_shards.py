@@ -23,6 +23,7 @@ from devenv.shards import ROOT_SHARD, SECOND_SHARD, SHARD_NAMES, on_shard
 from devenv.slices import export_grant, wait_slice_ready
 from tests.e2e.controller_env import Served, eventually, serving, unique
 from tests.shards.conftest import ShardedWorld
+from vwserver.controller.scope import ShardScope
 from vwserver.k8s.kcp import endpoint_urls, shard_id, slice_endpoint_urls
 
 Observe = Callable[[str], None]
@@ -30,9 +31,16 @@ PROD = {"matchLabels": {"env": "prod"}}
 
 
 @contextlib.asynccontextmanager
-async def serving_slices(w: ShardedWorld, *, watch_health: bool = False) -> AsyncIterator[Served]:
+async def serving_slices(
+    w: ShardedWorld,
+    *,
+    watch_health: bool = False,
+    scope: ShardScope | None = None,
+    external_url: str | None = None,
+) -> AsyncIterator[Served]:
     """vwserver in kcp mode over the sharded kcp (through the front-proxy), its API workspace
-    on the root shard, the slice workspace granted the export: the shard suites' server."""
+    on the root shard, the slice workspace granted the export: the shard suites' server
+    (``scope``, ``external_url``: a shard-scoped replica, see :func:`serving`)."""
     front = w.bed.front
     grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
     await apply_retrying(front, w.world.provider.url, grant, within=60)
@@ -44,6 +52,8 @@ async def serving_slices(w: ShardedWorld, *, watch_health: bool = False) -> Asyn
         api_location=on_shard(ROOT_SHARD),
         cache=True,
         watch_health=watch_health,
+        scope=scope,
+        external_url=external_url,
     ) as served:
         yield served
 

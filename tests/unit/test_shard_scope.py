@@ -60,12 +60,12 @@ def test_a_scope_without_a_binding_on_its_shards_is_not_ready() -> None:
 
 
 def managed(manager: str, urls: list[str], types: list[str]) -> dict[str, Any]:
-    status: dict[str, Any] = {"f:observedGeneration": {}}
+    status: dict[str, Any] = {}
     status["f:endpoints"] = {f'k:{{"url":"{u}"}}': {".": {}, "f:url": {}} for u in urls}
     status["f:conditions"] = {f'k:{{"type":"{t}"}}': {".": {}} for t in types}
     return {
         "manager": manager,
-        "operation": "Apply",
+        "operation": "Update",  # kcp's VW records an apply so (see vwserver.controller.scope)
         "subresource": "status",
         "fieldsV1": {"f:status": status},
     }

@@ -12,16 +12,21 @@ slice's status, so each one writes with server-side apply under a field manager 
 * its conditions, whose types carry the replica set's name as prefix (``<name>/Ready``), so that
   two replica sets never set the same condition to different values (which with ``force`` would
   flip ownership back and forth on every reconcile),
-* ``observedGeneration`` (the same value from every manager: shared ownership, no conflict).
+* ``observedGeneration`` (the same value from every manager: no conflict; compared by value,
+  as whoever wrote it first may be its only recorded owner).
 
 What a replica owns is read from the slice's ``managedFields`` (the entry of its manager for the
 ``status`` subresource): a replica compares its desired part with what it owns, so an idle
 replica writes nothing, and an entry it no longer wants (its config stopped serving a shard, the
 last binding there went) is dropped by the next apply, which leaves out the field.
 
-kcp/Kubernetes fact: an apply that lists none of the fields a manager owned removes them (unless
+Kubernetes fact: an apply that lists none of the fields a manager owned removes them (unless
 another manager owns them too); ``managedFields[].fieldsV1`` names list-map entries as
-``k:{"url":"..."}`` and condition entries as ``k:{"type":"..."}``.
+``k:{"url":"..."}`` and condition entries as ``k:{"type":"..."}``. kcp fact (v0.32.3, seen in
+tests/shards/test_scaleout_shards.py): an apply through the APIExport virtual workspace is
+recorded on the shard under the manager's name with ``operation: Update`` (the VW computes the
+apply and stores an update), with the apply's field sets — so the entry is found by manager and
+subresource, whatever its operation.
 """
 
 from __future__ import annotations
@@ -66,26 +71,19 @@ class Owned:
 
     endpoints: frozenset[str] = frozenset()
     conditions: frozenset[str] = frozenset()
-    observed_generation: bool = False
 
 
 def owned(obj: Mapping[str, Any], manager: str) -> Owned:
-    """What ``manager`` owns of ``obj``'s status (its Apply entry for the status subresource)."""
+    """What ``manager`` owns of ``obj``'s status (its entries for the status subresource)."""
     endpoints: set[str] = set()
     conditions: set[str] = set()
-    generation = False
     for entry in (obj.get("metadata") or {}).get("managedFields") or []:
-        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+        if entry.get("manager") != manager or entry.get("subresource") != "status":
             continue
         status = ((entry.get("fieldsV1") or {}).get("f:status")) or {}
-        generation = generation or "f:observedGeneration" in status
         endpoints.update(_keys(status.get("f:endpoints"), "url"))
         conditions.update(_keys(status.get("f:conditions"), "type"))
-    return Owned(
-        endpoints=frozenset(endpoints),
-        conditions=frozenset(conditions),
-        observed_generation=generation,
-    )
+    return Owned(endpoints=frozenset(endpoints), conditions=frozenset(conditions))
 
 
 def _keys(fields: Any, key: str) -> list[str]:
@@ -107,7 +105,7 @@ def own_part(status: Mapping[str, Any], mine: Owned) -> dict[str, Any]:
     """The part of ``status`` that ``mine`` says one manager owns, shaped like what it applies
     (so that "unchanged" is a plain comparison with its desired part)."""
     part: dict[str, Any] = {}
-    if mine.observed_generation and "observedGeneration" in status:
+    if "observedGeneration" in status:
         part["observedGeneration"] = status["observedGeneration"]
     part["conditions"] = [
         c for c in status.get("conditions") or [] if c.get("type") in mine.conditions
