@@ -147,7 +147,7 @@ async def serving(
         metrics = ServerMetrics()
         registry = None
         if cache:
-            registry = CacheRegistry(client=client, clock=SystemClock())
+            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
             stack.push_async_callback(registry.aclose)
         holder: dict[str, SliceController] = {}
         app = build_app(

@@ -12,7 +12,7 @@ import pytest
 from tests.unit.test_config import good, write
 from tests.unit.test_slice_status import found, slice_obj
 from vwserver.config import load_config
-from vwserver.controller.scope import ShardScope, own_part, owned, same_part
+from vwserver.controller.scope import ShardScope, merged, own_part, owned, same_part
 from vwserver.controller.slice_status import desired
 from vwserver.errors import ConfigError
 from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
@@ -74,7 +74,7 @@ def managed(manager: str, urls: list[str], types: list[str]) -> dict[str, Any]:
 def test_own_part_is_what_the_manager_owns_in_any_order() -> None:
     one = desired(slice_obj(), lookup=found(VW1, VW2), external_url=EXT, now="T", scope=ONE)
     two = desired(slice_obj(), lookup=found(VW1, VW2), external_url=EXT, now="T", scope=TWO)
-    merged = {
+    whole = {
         "observedGeneration": 3,
         "endpoints": two.status["endpoints"] + one.status["endpoints"],
         "conditions": list(reversed(two.status["conditions"] + one.status["conditions"])),
@@ -94,11 +94,22 @@ def test_own_part_is_what_the_manager_owns_in_any_order() -> None:
         {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:status": {}}},
     ]
     mine = owned(obj, "vwserver-one")
-    assert same_part(own_part(merged, mine), one.status)  # idle: nothing to write
-    assert not same_part(own_part(merged, owned(obj, "vwserver-three")), one.status)
+    assert same_part(own_part(whole, mine), one.status)  # idle: nothing to write
+    assert not same_part(own_part(whole, owned(obj, "vwserver-three")), one.status)
     # An endpoint it owned and no longer wants: a write (the apply drops it).
     fewer = desired(slice_obj(), lookup=found(VW2), external_url=EXT, now="T", scope=ONE)
-    assert not same_part(own_part(merged, mine), fewer.status)
+    assert not same_part(own_part(whole, mine), fewer.status)
+    # Writing: the other manager's entries stay as they are, this one's are replaced ...
+    out = merged(whole, mine, fewer.status)
+    assert [e["url"] for e in out["endpoints"]] == [e["url"] for e in two.status["endpoints"]]
+    assert {c["type"] for c in out["conditions"]} == {
+        c["type"] for c in two.status["conditions"] + fewer.status["conditions"]
+    }
+    # ... and retiring (nothing wanted) leaves only the other manager's part.
+    gone = merged(whole, mine, {})
+    assert gone["endpoints"] == two.status["endpoints"]
+    assert gone["conditions"] == [c for c in whole["conditions"] if c["type"].startswith("two/")]
+    assert gone["observedGeneration"] == 3
 
 
 def scoped(tmp_path: Path, shards: Any) -> dict[str, Any]:

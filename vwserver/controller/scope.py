@@ -4,29 +4,29 @@ status is its own — pure, no I/O.
 The scale-out model (README, "Sharded kcp"): like kcp's per-shard virtual-workspace servers, one
 vwserver Deployment per shard (or set of shards), each serving and publishing only its shards'
 endpoints (``controller.shards`` in the config). Several such Deployments write into the same
-slice's status, so each one writes with server-side apply under a field manager of its own
-(``vwserver-<name>``) and applies only its part:
+slice's status, so each one writes under a field manager of its own (``vwserver-<name>``) and
+changes only its part:
 
-* its ``status.endpoints`` entries (a list map keyed by ``url`` in the schema, so entries of
-  different managers live side by side),
+* its ``status.endpoints`` entries (a list map keyed by ``url`` in the schema),
 * its conditions, whose types carry the replica set's name as prefix (``<name>/Ready``), so that
-  two replica sets never set the same condition to different values (which with ``force`` would
-  flip ownership back and forth on every reconcile),
-* ``observedGeneration`` (the same value from every manager: no conflict; compared by value,
+  two replica sets never set the same condition to different values,
+* ``observedGeneration`` (the same value from every replica set: no conflict; compared by value,
   as whoever wrote it first may be its only recorded owner).
 
-What a replica owns is read from the slice's ``managedFields`` (the entry of its manager for the
-``status`` subresource): a replica compares its desired part with what it owns, so an idle
-replica writes nothing, and an entry it no longer wants (its config stopped serving a shard, the
-last binding there went) is dropped by the next apply, which leaves out the field.
+What a replica set owns is read from the slice's ``managedFields`` (its manager's entry for the
+``status`` subresource). A replica compares its desired part with what it owns, so an idle
+replica writes nothing; a write is a merge patch of the whole status — the other managers'
+entries as they are, its own replaced — made conditional on the object's resourceVersion (a
+concurrent write of another replica set is a 409 and a retry, never lost). An entry it owns and
+no longer wants (its config stopped serving a shard, the last binding there went, the replica set
+is retired) is thereby removed, and only that entry.
 
-Kubernetes fact: an apply that lists none of the fields a manager owned removes them (unless
-another manager owns them too); ``managedFields[].fieldsV1`` names list-map entries as
-``k:{"url":"..."}`` and condition entries as ``k:{"type":"..."}``. kcp fact (v0.32.3, seen in
-tests/shards/test_scaleout_shards.py): an apply through the APIExport virtual workspace is
-recorded on the shard under the manager's name with ``operation: Update`` (the VW computes the
-apply and stores an update), with the apply's field sets — so the entry is found by manager and
-subresource, whatever its operation.
+Kubernetes/kcp facts (v0.32.3, tests/shards/test_scaleout_shards.py): ``managedFields[].fieldsV1``
+names list-map entries as ``k:{"url":"..."}`` and condition entries as ``k:{"type":"..."}``; an
+update records under its ``fieldManager`` the fields whose value it changed, and the others keep
+their owners. Server-side apply is not used: through kcp's APIExport virtual workspace an apply
+is stored as ``operation: Update`` under the manager's name, and a later apply of that manager
+that left out one of its endpoints did not remove it.
 """
 
 from __future__ import annotations
@@ -127,11 +127,27 @@ def _normal(status: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_body(
-    *, api_version: str, kind: str, name: str, status: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The server-side apply body of a slice's status (only the part one manager owns)."""
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "status": status}
+def merged(status: Mapping[str, Any], mine: Owned, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole status with one manager's part (``mine``, as it is now) replaced by ``wanted``
+    (its desired part; without ``observedGeneration``: the current one stays)."""
+    endpoints = list(wanted.get("endpoints") or [])
+    urls = {e.get("url") for e in endpoints}
+    conditions = list(wanted.get("conditions") or [])
+    types = {c.get("type") for c in conditions}
+    out: dict[str, Any] = dict(status)
+    out["endpoints"] = [
+        e
+        for e in status.get("endpoints") or []
+        if e.get("url") not in mine.endpoints and e.get("url") not in urls
+    ] + endpoints
+    out["conditions"] = [
+        c
+        for c in status.get("conditions") or []
+        if c.get("type") not in mine.conditions and c.get("type") not in types
+    ] + conditions
+    if "observedGeneration" in wanted:
+        out["observedGeneration"] = wanted["observedGeneration"]
+    return out
 
 
 def scoped_urls(

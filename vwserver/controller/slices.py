@@ -55,7 +55,7 @@ from vwserver.auth.reviews import post_review, review_allows
 from vwserver.clock import Clock, SystemClock, rfc3339
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
-from vwserver.controller.scope import ShardScope, apply_body, own_part, owned, same_part
+from vwserver.controller.scope import ShardScope, merged, own_part, owned, same_part
 from vwserver.controller.slice_status import (
     TOO_MANY_EXPORTS,
     TOO_MANY_SLICES,
@@ -67,6 +67,7 @@ from vwserver.controller.slice_status import (
     status_changed,
 )
 from vwserver.errors import (
+    ApiConflict,
     ApiError,
     ApiForbidden,
     ApiUnauthorized,
@@ -94,6 +95,8 @@ RESERVED_WORKERS = 2
 """Further workers only for slices whose consent is implied (the providers' own)."""
 ACTIVE_PER_WORKSPACE = 2
 """At most this many slices of one workspace (and kind of consent) in reconcile at once."""
+RETIRE_ATTEMPTS = 3
+"""Writes of a retiring replica set per slice (each conflict re-reads the slice)."""
 TENANT_CONNECTIONS = 16
 """The connection pool for requests made for slices naming another workspace's export."""
 
@@ -112,8 +115,8 @@ class ControllerSettings:
     consent_reviews_per_second: float = 5.0
     """Per slice workspace (burst: twice as many)."""
     scope: ShardScope | None = None
-    """The shards this replica serves (None: all). With a scope, status is written with
-    server-side apply under the scope's field manager, only the scope's part (:mod:`.scope`)."""
+    """The shards this replica serves (None: all). With a scope, only the scope's part of the
+    status is written, under the scope's field manager (:mod:`.scope`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,22 +700,25 @@ class SliceController:
         if scope is None:
             await self._client_for(key).merge_patch(path, {"status": status})
         else:
-            # Only this replica set's part, as its own field manager: what it owned and leaves
-            # out now (an endpoint of a shard it no longer serves) is removed by kcp.
-            body = apply_body(
-                api_version=kcp.SLICES.api_version, kind=kcp.SLICES.kind, name=name, status=status
+            # This replica set's part replaced, the other sets' entries as they are; only if
+            # the object is still the one read (else 409, and the reconcile is retried).
+            whole = merged(obj.get("status") or {}, owned(obj, scope.field_manager), status)
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            await self._client_for(key).merge_patch(
+                path,
+                {"metadata": {"resourceVersion": version}, "status": whole},
+                field_manager=scope.field_manager,
             )
-            await self._client_for(key).apply(path, body, field_manager=scope.field_manager)
         self._metrics.status_writes.inc()
 
     async def retire(self) -> int:
         """Remove this replica set's part of every slice's status (its endpoints, its
-        conditions): an apply of an empty status under its field manager, which keeps what
-        other managers own. Called on a graceful shutdown of a shard-scoped replica that may
-        write status (the Lease holder, when there is a Lease) before its controller stops;
-        nothing without a scope (one writer owns the whole status). Returns how many slices
-        were written; a failure is logged, never raised (shutdown goes on: the part stays
-        until this replica set writes again, see the README)."""
+        conditions), keeping what the other replica sets own (:func:`.scope.merged`). Called
+        on a graceful shutdown of a shard-scoped replica that may write status (the Lease
+        holder, when there is a Lease) before its controller stops; nothing without a scope
+        (one writer owns the whole status). Returns how many slices were written; a failure is
+        logged, never raised (shutdown goes on: the part stays until this replica set writes
+        again, see the README)."""
         scope = self._settings.scope
         if scope is None or not self._may_write_status():
             return 0
@@ -723,12 +729,27 @@ class SliceController:
             if not (mine.endpoints or mine.conditions):
                 continue
             try:
-                await self._write_status(obj, {})
+                await self._retire_from(key, obj)
                 written += 1
             except (ApiError, UpstreamUnavailable) as e:
                 log.warning("removing replica set %s from slice %s/%s: %s", scope.name, *key, e)
         log.info("replica set %s removed from the status of %d slice(s)", scope.name, written)
         return written
+
+    async def _retire_from(self, key: Key, obj: JSON) -> None:
+        """Write this replica set's part out of one slice's status; on a conflict (another
+        replica set wrote since the watch delivered ``obj``) read the slice again and retry."""
+        for _ in range(RETIRE_ATTEMPTS - 1):
+            try:
+                await self._write_status(obj, {})
+                return
+            except ApiConflict:
+                base = kcp.clusters(self._slice_home(key), key[0])
+                fresh = await self._client_for(key).get(kcp.SLICES.item(base, None, key[1]))
+                if fresh is None:
+                    return  # deleted: nothing to remove
+                obj = fresh
+        await self._write_status(obj, {})
 
     def _publish(self) -> None:
         """Static routes plus every known slice, swapped in as one new table."""

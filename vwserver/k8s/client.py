@@ -184,10 +184,13 @@ class KubeClient:
         except ApiNotFound:
             return None
 
-    async def merge_patch(self, path: str, patch: JSON) -> JSON:
+    async def merge_patch(
+        self, path: str, patch: JSON, *, field_manager: str | None = None
+    ) -> JSON:
         """A JSON merge patch (RFC 7386); ``metadata.resourceVersion`` in it makes it
-        conditional."""
-        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        conditional; ``field_manager``: the name ``managedFields`` records the change under."""
+        query = [("fieldManager", field_manager)] if field_manager else []
+        return await self.request("PATCH", path, query=query, body=patch, content_type=MERGE_PATCH)
 
     async def apply(self, path: str, obj: JSON, *, field_manager: str, force: bool = True) -> JSON:
         """Server-side apply (``force``: take over fields another manager set)."""
