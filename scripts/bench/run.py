@@ -60,7 +60,7 @@ from results import (
     with_kcp_part,
 )
 from rss import bench_rss
-from shards import bench_shards
+from shards import ShardSizes, bench_shards
 from writes import bench_writes
 
 PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp", "writes", "consistent", "shards")
@@ -314,11 +314,13 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
         ),
         "shards": lambda: bench_shards(
             results,
-            objects=z.shard_objects,
-            repeat=z.repeat,
-            watchers=z.shard_watchers,
-            events=z.shard_events,
-            page_size=args.page_size,
+            ShardSizes(
+                objects=z.shard_objects,
+                repeat=z.repeat,
+                watchers=z.shard_watchers,
+                events=z.shard_events,
+                page_size=args.page_size,
+            ),
         ),
     }
     # SIGINT/SIGTERM cancel the run, so that every process it started is stopped on the way

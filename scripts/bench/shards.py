@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -41,15 +42,16 @@ NAMESPACE = "bench-shards"
 WATCH_TIMEOUT = 60.0
 
 
-async def bench_shards(
-    results: Results,
-    *,
-    objects: int,
-    repeat: int,
-    watchers: int,
-    events: int,
-    page_size: int,
-) -> None:
+@dataclass(frozen=True, kw_only=True)
+class ShardSizes:
+    objects: int  # widgets per consumer (one per shard), half matching
+    repeat: int  # LIST rounds
+    watchers: int  # per group (through vwserver, direct)
+    events: int  # changes delivered one at a time
+    page_size: int  # vwserver's listPageSize
+
+
+async def bench_shards(results: Results, z: ShardSizes) -> None:
     from devenv.shards import (
         DEMO_PLACEMENT,
         SHARD_NAMES,
@@ -71,21 +73,9 @@ async def bench_shards(
         for shard in SHARD_NAMES:
             (consumer,) = (c for c in world.consumers if DEMO_PLACEMENT.get(c.name) == shard)
             vw = next(u for u in world.vw_urls if bed.shard_of_url(u) == shard)
-            await _fill(bed, world, consumer.path, objects)
+            await _fill(bed, world, consumer.path, z.objects)
             await asyncio.sleep(SETTLE)
-            await _measure(
-                results,
-                bed,
-                world,
-                shard=shard,
-                vw=vw,
-                consumer=consumer.path,
-                objects=objects,
-                repeat=repeat,
-                watchers=watchers,
-                events=events,
-                page_size=page_size,
-            )
+            await _measure(results, bed, world, z, shard=shard, vw=vw, consumer=consumer.path)
 
 
 async def _fill(bed: ShardedKcp, world: Bootstrap, workspace: str, objects: int) -> None:
@@ -102,17 +92,14 @@ async def _measure(
     results: Results,
     bed: ShardedKcp,
     world: Bootstrap,
+    z: ShardSizes,
     *,
     shard: str,
     vw: str,
     consumer: str,
-    objects: int,
-    repeat: int,
-    watchers: int,
-    events: int,
-    page_size: int,
 ) -> None:
     kcp = bed.front
+    repeat, watchers, events, page_size = z.repeat, z.watchers, z.events, z.page_size
     async with admin_over_cached_slice(kcp, world, page_size=page_size, vw_url=vw) as (tp, s):
         direct = f"{vw}/clusters/*/{world.api_path}/widgets"
         cached = f"{tp.proxy.slice_base}/clusters/*/{world.api_path}/widgets"
