@@ -56,7 +56,7 @@ from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
 from vwserver.auth.tokens import TokenReviewer
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
-from vwserver.config import Config, resolve, slice_selector
+from vwserver.config import DEFAULT_LEASE_NAME, Config, resolve, slice_selector
 from vwserver.config.base import client_auth
 from vwserver.controller.handoff import Handoff, HandoffRelay, StuckHolds, relayed
 from vwserver.controller.scope import ShardScope
@@ -613,7 +613,7 @@ def build_controller(
             client=client,
             base=kcp.workspace(workspace, server=client.origin),
             namespace="default",
-            name=c.lease.name,
+            name=lease_name(c.lease.name, scope),
             identity=c.lease.identity or f"{socket.gethostname()}-{os.getpid()}",
             clock=SystemClock(),
         )
@@ -639,6 +639,14 @@ def build_controller(
         tenant_client=tenant_client,
         writes_status=writes_status,
     )
+
+
+def lease_name(name: str, scope: ShardScope | None) -> str:
+    """The Lease of a replica set: the default name gets the set's name (two shard-scoped
+    replica sets must not share one Lease: only one of them would write)."""
+    if scope is not None and name == DEFAULT_LEASE_NAME:
+        return f"{name}-{scope.name}"
+    return name
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

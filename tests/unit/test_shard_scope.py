@@ -17,7 +17,7 @@ from vwserver.controller.slice_status import desired
 from vwserver.errors import ConfigError
 from vwserver.k8s.kcp import shard_id, slice_endpoint_urls
 from vwserver.routes import Routes, RouteTable
-from vwserver.server import build_controller
+from vwserver.server import build_controller, lease_name
 
 VW1 = "https://shard-1:6443/services/apiexport/exp123/widgets.example.io"
 VW2 = "https://shard-2:6443/services/apiexport/exp123/widgets.example.io"
@@ -166,3 +166,9 @@ def test_build_controller_passes_the_scope(tmp_path: Path) -> None:
         static=RouteTable(),
     )
     assert controller._settings.scope == ONE
+
+
+def test_each_replica_set_has_a_lease_of_its_own() -> None:
+    assert lease_name("vwserver-controller", ONE) == "vwserver-controller-one"
+    assert lease_name("vwserver-controller", None) == "vwserver-controller"
+    assert lease_name("mine", ONE) == "mine"  # a name given is kept

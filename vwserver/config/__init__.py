@@ -50,6 +50,7 @@ from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
 from vwserver.selector import Selector
 
 __all__ = [
+    "DEFAULT_LEASE_NAME",
     "LOGICAL_CLUSTER_RE",
     "OBJECT_NAME_RE",
     "WORKSPACE_RE",
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 PREFIX = SLICE_ENDPOINT_PREFIX + "/"
+DEFAULT_LEASE_NAME = "vwserver-controller"
 
 
 class Listen(_Strict):
@@ -169,7 +171,8 @@ class ControllerExport(_Strict):
 class LeaseConfig(_Strict):
     workspace: str | None = None
     """Workspace of the Lease (default: the controller export's workspace)."""
-    name: str = "vwserver-controller"
+    name: str = DEFAULT_LEASE_NAME
+    """With ``controller.shards``, the default becomes ``vwserver-controller-<shards.name>``."""
     identity: str | None = None
     """This replica's identity (default: hostname + process id)."""
 

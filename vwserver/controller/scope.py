@@ -25,8 +25,9 @@ Kubernetes/kcp facts (v0.32.3, tests/shards/test_scaleout_shards.py): ``managedF
 names list-map entries as ``k:{"url":"..."}`` and condition entries as ``k:{"type":"..."}``; an
 update records under its ``fieldManager`` the fields whose value it changed, and the others keep
 their owners. Server-side apply is not used: through kcp's APIExport virtual workspace an apply
-is stored as ``operation: Update`` under the manager's name, and a later apply of that manager
-that left out one of its endpoints did not remove it.
+is stored as ``operation: Update`` under the manager's name, and an apply of an empty status by
+that manager did not remove its endpoint (observed in that test before this module wrote merge
+patches).
 """
 
 from __future__ import annotations
