@@ -196,6 +196,7 @@ class ControllerConfig(_Strict):
     export: ControllerExport
     lease: LeaseConfig | None = None
     shards: ShardsConfig | None = None
+    """Serve only these shards (one Deployment per shard); unset: every shard."""
     resync_seconds: float = 30.0
     # Work done for one workspace's slices is bounded (any workspace that binds vwserver's API
     # can create slices): beyond these, a slice is not looked at (Ready=False, TooManySlices /
