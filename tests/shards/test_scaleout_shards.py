@@ -84,7 +84,7 @@ def status_managers(doc: dict[str, Any]) -> list[str]:
 
 
 async def seen_by(served: Served, key: tuple[str, str], rv: str) -> bool:
-    obj = served.controller._object(key)
+    obj = served.controller.slice_object(key)
     return obj is not None and obj["metadata"].get("resourceVersion") == rv
 
 

@@ -343,6 +343,10 @@ class SliceController:
         )
         return tuple(kcp.endpoint_urls(eps))
 
+    def slice_object(self, key: Key) -> JSON | None:
+        """The slice ``key`` as the controller's watches last delivered it (None: not seen)."""
+        return self._object(key)
+
     def _object(self, key: Key) -> JSON | None:
         for reflector in self._slices.values():
             if (obj := reflector.handler.get(key)) is not None:
