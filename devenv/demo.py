@@ -53,7 +53,12 @@ from devenv.bootstrap import (
     poll,
 )
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
-from devenv.shards import ROOT_SHARD, SECOND_SHARD, build_sharded_kcp, on_shard, start_sharded_kcp
+from devenv.shards import (
+    DEMO_PLACEMENT,
+    bootstrap_placed,
+    build_sharded_kcp,
+    start_sharded_kcp,
+)
 from devenv.slices import KIND, bind_api, install_api, slice_manifest, wait_slice_ready
 from vwserver.files import write_private
 from vwserver.k8s.kcp import shard_id
@@ -61,7 +66,6 @@ from vwserver.k8s.kcp import shard_id
 REPO = Path(__file__).resolve().parents[1]
 SLICES = {"prod": {"env": "prod"}, "dev": {"env": "dev"}}
 #: Where the sharded demo (``make run SHARDS=2``) places the workspaces.
-DEMO_PLACEMENT = {"provider": ROOT_SHARD, "consumer-a": ROOT_SHARD, "consumer-b": SECOND_SHARD}
 #: The workspace of vwserver's own APIExport in the demo.
 API_WORKSPACE = "vwserver"
 #: The slice user's grant (alice, slice ``prod``), applied in the provider workspace.
@@ -464,11 +468,7 @@ async def demo_kcp(*, shards: int) -> AsyncIterator[tuple[KcpInstance, Bootstrap
             + ", ".join(f"shard {s.name} {s.url}" for s in bed.shards.values())
             + "; bootstrapping the demo"
         )
-        world = await bootstrap(
-            bed.front,
-            locations={name: on_shard(shard) for name, shard in DEMO_PLACEMENT.items()},
-            endpoints=2,
-        )
+        world = await bootstrap_placed(bed)
         lines = [f"{name:<10} on shard {shard}" for name, shard in DEMO_PLACEMENT.items()]
         yield bed.front, world, lines
 

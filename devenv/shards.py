@@ -52,9 +52,13 @@ from typing import Any
 import yaml
 
 from devenv.bootstrap import (
+    CONSUMERS,
     DEMO_USERS_FILE,
+    PROVIDER,
+    Bootstrap,
     Workspace,
     apply_retrying,
+    bootstrap,
     get_json,
     poll,
     wait_workspace_ready,
@@ -76,6 +80,13 @@ SHARD_LABEL = "vwserver.test/shard"
 ROOT_SHARD = "root"
 SECOND_SHARD = "shard-1"
 SHARD_NAMES = (ROOT_SHARD, SECOND_SHARD)
+DEMO_PLACEMENT: Mapping[str, str] = {
+    PROVIDER: ROOT_SHARD,
+    CONSUMERS[0]: ROOT_SHARD,
+    CONSUMERS[1]: SECOND_SHARD,
+}
+"""The demo's workspaces by shard: provider and one consumer on the root shard, the other
+consumer on the second (so that the export has a VW endpoint on each)."""
 ADMIN_GROUP = "system:kcp:admin"
 """kcp's bootstrap group of full admins (``bootstrap.SystemKcpAdminGroup``)."""
 COMMANDS = ("kcp", "cache-server", "kcp-front-proxy")
@@ -86,6 +97,18 @@ PORT_ATTEMPTS = 3
 def on_shard(shard: str) -> dict[str, Any]:
     """The ``spec.location.selector`` that schedules a workspace onto ``shard``."""
     return {"matchLabels": {SHARD_LABEL: shard}}
+
+
+async def bootstrap_placed(bed: ShardedKcp, *, wait_timeout: float = 180.0) -> Bootstrap:
+    """The demo world with its workspaces placed across the shards (:data:`DEMO_PLACEMENT`),
+    the export's endpoint slice listing both shards: what the sharded demo, the shard tests
+    and the sharded benchmark start from."""
+    return await bootstrap(
+        bed.front,
+        locations={name: on_shard(shard) for name, shard in DEMO_PLACEMENT.items()},
+        endpoints=2,
+        wait_timeout=wait_timeout,
+    )
 
 
 def build_sharded_kcp(*, timeout: float = 3600.0) -> dict[str, Path]:

@@ -56,9 +56,10 @@ from vwserver.auth.tls import DEFAULT_RELOAD_INTERVAL, ServingTLS
 from vwserver.auth.tokens import TokenReviewer
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
-from vwserver.config import Config, resolve, slice_selector
+from vwserver.config import DEFAULT_LEASE_NAME, Config, resolve, slice_selector
 from vwserver.config.base import client_auth
 from vwserver.controller.handoff import Handoff, HandoffRelay, StuckHolds, relayed
+from vwserver.controller.scope import ShardScope
 from vwserver.controller.slice_status import WatchHealth
 from vwserver.controller.slices import TENANT_CONNECTIONS, ControllerSettings, SliceController
 from vwserver.errors import ConfigError
@@ -506,6 +507,10 @@ async def serve(
             task = asyncio.create_task(controller.run(), name="slice-controller")
             stack.push_async_callback(_cancel, task)
             stack.push_async_callback(controller.aclose)
+            # First on the way out (the stack unwinds backwards), while the controller still
+            # knows whether it may write (holds the Lease): a shard-scoped replica set's
+            # endpoints and conditions leave the slices' status (a no-op without a scope).
+            stack.push_async_callback(controller.retire)
         reviews = await stack.enter_async_context(KubeClient(auth=auth, timeout=REVIEW_TIMEOUT))
         app = build_app(
             routes=routes,
@@ -595,6 +600,12 @@ def build_controller(
     c = config.controller
     assert c is not None
     assert config.external_url is not None
+    scope = None
+    if c.shards is not None:
+        scope = ShardScope(
+            name=c.shards.name,
+            virtual_workspace_urls=tuple(u.rstrip("/") for u in c.shards.virtual_workspace_urls),
+        )
     leader = None
     if c.lease is not None and writes_status:
         workspace = c.lease.workspace or c.export.path
@@ -602,7 +613,7 @@ def build_controller(
             client=client,
             base=kcp.workspace(workspace, server=client.origin),
             namespace="default",
-            name=c.lease.name,
+            name=lease_name(c.lease.name, scope),
             identity=c.lease.identity or f"{socket.gethostname()}-{os.getpid()}",
             clock=SystemClock(),
         )
@@ -614,6 +625,7 @@ def build_controller(
         max_slices_per_workspace=c.max_slices_per_workspace,
         max_exports_per_workspace=c.max_exports_per_workspace,
         consent_reviews_per_second=c.consent_reviews_per_second,
+        scope=scope,
     )
     return SliceController(
         client=client,
@@ -627,6 +639,14 @@ def build_controller(
         tenant_client=tenant_client,
         writes_status=writes_status,
     )
+
+
+def lease_name(name: str, scope: ShardScope | None) -> str:
+    """The Lease of a replica set: the default name gets the set's name (two shard-scoped
+    replica sets must not share one Lease: only one of them would write)."""
+    if scope is not None and name == DEFAULT_LEASE_NAME:
+        return f"{name}-{scope.name}"
+    return name
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -196,28 +196,36 @@ class TlsProxy:
 
 @contextlib.asynccontextmanager
 async def kcp_tls_vwserver(
-    kcp: KcpInstance, world: Bootstrap, *, page_size: int, cache: bool
+    kcp: KcpInstance,
+    world: Bootstrap,
+    *,
+    page_size: int,
+    cache: bool,
+    vw_url: str | None = None,
 ) -> AsyncIterator[TlsProxy]:
     """:func:`kcp_vwserver` serving TLS (a throwaway trustme CA), like kcp: a client's path
     to the slice and to kcp directly then cost the same handshakes and encryption, and kubectl
     sends its bearer token (client-go sends none to a plain-HTTP server: kubectl against
-    ``http://`` vwserver gets 401 on discovery, with ``--token`` too)."""
+    ``http://`` vwserver gets 401 on discovery, with ``--token`` too). ``vw_url``: the
+    export's VW URL to serve (one shard's; default the world's first)."""
     with tempfile.TemporaryDirectory() as tmp:
         tls = make_serving_tls(Path(tmp))
         bundle = Path(tmp) / "ca-bundle.crt"
         bundle.write_bytes(kcp.ca_file.read_bytes() + b"\n" + tls.ca_file.read_bytes())
-        async with kcp_vwserver(kcp, world, page_size=page_size, cache=cache, tls=tls) as px:
+        async with kcp_vwserver(
+            kcp, world, page_size=page_size, cache=cache, tls=tls, vw_url=vw_url
+        ) as px:
             yield TlsProxy(px, bundle)
 
 
 @contextlib.asynccontextmanager
 async def admin_over_cached_slice(
-    kcp: KcpInstance, world: Bootstrap, *, page_size: int
+    kcp: KcpInstance, world: Bootstrap, *, page_size: int, vw_url: str | None = None
 ) -> AsyncIterator[tuple[TlsProxy, aiohttp.ClientSession]]:
-    """A cached TLS vwserver (:func:`kcp_tls_vwserver`) and a session as kcp's admin that
-    trusts both it and kcp: the writes and consistent-read arms' setup."""
+    """A cached TLS vwserver (:func:`kcp_tls_vwserver`, of ``vw_url``) and a session as kcp's
+    admin that trusts both it and kcp: the writes, consistent-read and shards arms' setup."""
     async with (
-        kcp_tls_vwserver(kcp, world, page_size=page_size, cache=True) as tp,
+        kcp_tls_vwserver(kcp, world, page_size=page_size, cache=True, vw_url=vw_url) as tp,
         bench_session(
             headers={"Authorization": f"Bearer {kcp.admin_token}"},
             ssl_context=tp.ssl_context(),
@@ -234,15 +242,17 @@ async def kcp_vwserver(
     page_size: int,
     cache: bool,
     tls: ServingTLS | None = None,
+    vw_url: str | None = None,
 ) -> AsyncIterator[Proxy]:
-    """vwserver in front of kcp's APIExport VW, as kcp's admin, slice ``prod`` (env=prod)."""
+    """vwserver in front of kcp's APIExport VW (``vw_url``, default the world's first), as
+    kcp's admin, slice ``prod`` (env=prod)."""
     async with vwserver(
         "",
         page_size=page_size,
         cache=cache,
         tls=tls,
         upstream_yaml=f"{{kubeconfig: {kcp.kubeconfig}, context: {kcp.admin_context}}}",
-        slice_yaml=f"upstreamURL: {world.vw_url}",
+        slice_yaml=f"upstreamURL: {vw_url or world.vw_url}",
         slice_cluster=world.provider.cluster,
     ) as proxy:
         yield proxy

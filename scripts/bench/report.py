@@ -75,6 +75,19 @@ SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
         "CPU against the direct LIST.",
     ),
     (
+        "Sharded kcp: each shard's endpoint against that shard's VW",
+        ("shards.",),
+        "",
+        "A sharded kcp (root shard, second shard, front-proxy; a consumer on each), per shard "
+        "one vwserver (shared cache, TLS) serving that shard's VW only, as a shard-scoped "
+        "replica set does: the slice's LIST over all its clusters against the shard's VW with "
+        "the slice's labelSelector (median of the rounds), and one change at a time delivered "
+        "to N watchers through vwserver against N watchers on the shard's VW (median delivery "
+        "time, write start to arrival, all in the benchmark's process); vwserver's upstream "
+        "requests per LIST and its upstream watches during the fan-out are counted. Alone: "
+        "`run.py --only shards --quick`.",
+    ),
+    (
         "Watch stream throughput",
         ("watch.",),
         "",

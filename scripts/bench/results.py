@@ -238,12 +238,14 @@ PART_RATIOS: dict[str, tuple[str, ...]] = {
     "kcp": KCP_RATIOS,
     "writes": ("writes.",),
     "consistent": ("consistent.",),
+    "shards": ("shards.",),
 }
 PART_NOTES: dict[str, tuple[str, ...]] = {
     "list": ("fake",),
     "kcp": ("kcp", "the kcp part"),
     "writes": ("writes",),
     "consistent": ("consistent",),
+    "shards": ("shards",),
 }
 
 

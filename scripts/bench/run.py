@@ -19,7 +19,8 @@ change to 1/100/1,000 watchers), rss (memory per open watch, TLS and plain), get
 against nginx proxy_pass), kcp (LIST vs object count against a real kcp it starts), writes
 (every write verb through a cached slice vs kcp's VW directly: latency, throughput, kcp CPU and
 requests per op, real kcp), consistent (consistent LIST and kubectl get through a cached slice
-vs kcp directly at 1k/10k/50k matching objects, real kcp).
+vs kcp directly at 1k/10k/50k matching objects, real kcp), shards (per shard of a sharded kcp
+it starts: LIST and WATCH fan-out through a shard-scoped vwserver vs that shard's VW directly).
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ from results import (
     with_kcp_part,
 )
 from rss import bench_rss
+from shards import ShardSizes, bench_shards
 from writes import bench_writes
 
-PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp", "writes", "consistent")
+PARTS = ("list", "watch", "fanout", "rss", "gets", "kcp", "writes", "consistent", "shards")
 DOCS = REPO / "docs" / "bench"
 COMMITTED = "docs/bench/results.json"
 
@@ -85,6 +87,9 @@ class Sizes:
     write_rounds: int
     consistent_objects: tuple[int, ...]  # matching objects (as many more do not match)
     kubectl_chunks: tuple[str, ...]  # "default" (kubectl's own: 500), or a --chunk-size
+    shard_objects: int  # widgets per consumer (one per shard), half matching
+    shard_watchers: int  # watchers per group (through vwserver, direct) in the fan-out
+    shard_events: int  # changes delivered in the fan-out
 
 
 FULL = Sizes(
@@ -105,6 +110,9 @@ FULL = Sizes(
     write_rounds=3,
     consistent_objects=(1_000, 10_000, 50_000),
     kubectl_chunks=("default", "0"),
+    shard_objects=10_000,
+    shard_watchers=100,
+    shard_events=30,
 )
 QUICK = Sizes(
     objects=(2_000, 10_000),
@@ -124,6 +132,9 @@ QUICK = Sizes(
     write_rounds=2,
     consistent_objects=(1_000, 10_000),
     kubectl_chunks=("default", "0"),
+    shard_objects=1_000,
+    shard_watchers=20,
+    shard_events=10,
 )
 
 
@@ -301,6 +312,16 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
             page_size=args.page_size,
             chunks=z.kubectl_chunks,
         ),
+        "shards": lambda: bench_shards(
+            results,
+            ShardSizes(
+                objects=z.shard_objects,
+                repeat=z.repeat,
+                watchers=z.shard_watchers,
+                events=z.shard_events,
+                page_size=args.page_size,
+            ),
+        ),
     }
     # SIGINT/SIGTERM cancel the run, so that every process it started is stopped on the way
     # out (a background job's SIGINT may be ignored; SIGTERM would end Python on the spot).
@@ -382,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     results.seconds["total"] = time.monotonic() - started
     results.machine = machine.describe(
         nginx=nginx_version(find_nginx()),
-        kcp_used=bool({"kcp", "writes", "consistent"} & set(args.parts)),
+        kcp_used=bool({"kcp", "writes", "consistent", "shards"} & set(args.parts)),
         vwserver=measured,
     )
     if args.kcp_from is not None:

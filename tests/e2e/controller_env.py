@@ -31,6 +31,7 @@ from tests.support.serve import NO_AUTH, serve_app
 from vwserver.auth.guard import Guard
 from vwserver.cache.registry import CacheRegistry
 from vwserver.clock import SystemClock
+from vwserver.controller.scope import ShardScope
 from vwserver.controller.slices import TENANT_CONNECTIONS, ControllerSettings, SliceController
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import KubeClient
@@ -119,6 +120,8 @@ async def serving(
     max_exports_per_workspace: int = 20,
     api_location: dict[str, Any] | None = None,
     watch_health: bool = False,
+    scope: ShardScope | None = None,
+    external_url: str | None = None,
 ) -> AsyncIterator[Served]:
     """vwserver's API bound in ``bind_in``, and a running vwserver (controller re-checking ready
     slices every ``resync`` s; ``guard(client)``: authenticate and authorize callers with it;
@@ -127,7 +130,10 @@ async def serving(
     The controller has its tenants' connection pool, as ``vwserver serve`` builds it, and the
     caps given. ``api_location``: the ``spec.location.selector`` of vwserver's API workspace (a
     sharded kcp); ``watch_health`` (with ``cache``): slices get the ``UpstreamReachable``
-    condition from the cache's watches, as ``vwserver serve`` has it."""
+    condition from the cache's watches, as ``vwserver serve`` has it. ``scope``: a shard-scoped
+    replica (``controller.shards``), whose part of the status leaves on the way out, as on a
+    graceful shutdown of ``vwserver serve``; ``external_url``: the URL the controller publishes
+    (default: this server's own; another replica's, for a second replica behind one Service)."""
     api_ws = await install_api(kcp, workspace=API_WS, selector=api_location)
     for ws in bind_in:
         await bind_api(kcp, ws, api=api_ws)
@@ -141,7 +147,7 @@ async def serving(
         metrics = ServerMetrics()
         registry = None
         if cache:
-            registry = CacheRegistry(client=client, clock=SystemClock())
+            registry = CacheRegistry(client=client, clock=SystemClock(), metrics=metrics)
             stack.push_async_callback(registry.aclose)
         holder: dict[str, SliceController] = {}
         app = build_app(
@@ -158,11 +164,12 @@ async def serving(
             routes=routes,
             settings=ControllerSettings(
                 export_path=api_ws.path,
-                external_url=base,
+                external_url=external_url or base,
                 resync=resync,
                 retry=Backoff(initial=0.2, maximum=1.0),
                 max_slices_per_workspace=max_slices_per_workspace,
                 max_exports_per_workspace=max_exports_per_workspace,
+                scope=scope,
             ),
             tenant_client=tenants,
             metrics=metrics,
@@ -178,6 +185,7 @@ async def serving(
             await asyncio.wait_for(controller.synced.wait(), 30)
             yield Served(base, kcp, world, controller, api_ws, metrics)
         finally:
+            await controller.retire()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

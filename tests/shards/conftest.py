@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from devenv.bootstrap import CONSUMERS, PROVIDER, Bootstrap, Workspace, bootstrap
+from devenv.bootstrap import Bootstrap, Workspace
 from devenv.kcp import KcpError
 from devenv.shards import (
-    ROOT_SHARD,
+    DEMO_PLACEMENT,
     SECOND_SHARD,
     ShardedKcp,
+    bootstrap_placed,
     build_sharded_kcp,
-    on_shard,
     start_sharded_kcp,
 )
 from tests.conftest import _report, _unavailable
@@ -37,7 +37,7 @@ from tests.conftest import _report, _unavailable
 _HERE = Path(__file__).parent
 _BINARIES_KEY = pytest.StashKey[dict[str, Path] | str]()
 SLICES_WS = "slices"
-PLACEMENT = {PROVIDER: ROOT_SHARD, CONSUMERS[0]: ROOT_SHARD, CONSUMERS[1]: SECOND_SHARD}
+PLACEMENT = DEMO_PLACEMENT
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -88,12 +88,7 @@ async def sharded(
 async def sharded_world(request: pytest.FixtureRequest, sharded: ShardedKcp) -> ShardedWorld:
     """The demo world placed across the shards (see the module docstring)."""
     try:
-        world = await bootstrap(
-            sharded.front,
-            locations={name: on_shard(shard) for name, shard in PLACEMENT.items()},
-            endpoints=2,
-            wait_timeout=180,
-        )
+        world = await bootstrap_placed(sharded, wait_timeout=180)
         slices = await sharded.create_workspace(SLICES_WS, shard=SECOND_SHARD)
     except KcpError as e:
         raise KcpError(f"{e}\n{sharded.front.log_tail()}") from e

@@ -26,6 +26,7 @@ from tests.shards.conftest import ShardedWorld
 from tests.support.widgets import export_binding as widget_export_binding
 from tests.support.widgets import widget_export
 from vwserver.auth.guard import Guard
+from vwserver.controller.scope import ShardScope
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kcp import endpoint_urls, shard_id, slice_endpoint_urls
 
@@ -39,10 +40,13 @@ async def serving_slices(
     *,
     watch_health: bool = False,
     guard: Callable[[KubeClient], Guard] | None = None,
+    scope: ShardScope | None = None,
+    external_url: str | None = None,
 ) -> AsyncIterator[Served]:
     """vwserver in kcp mode over the sharded kcp (through the front-proxy), its API workspace
     on the root shard, the slice workspace granted the export: the shard suites' server
-    (``guard``: authenticating and authorizing callers with it; default: nobody is asked)."""
+    (``guard``: authenticating and authorizing callers with it; default: nobody is asked;
+    ``scope``, ``external_url``: a shard-scoped replica, see :func:`serving`)."""
     front = w.bed.front
     grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
     await apply_retrying(front, w.world.provider.url, grant, within=60)
@@ -55,6 +59,8 @@ async def serving_slices(
         cache=True,
         watch_health=watch_health,
         guard=guard,
+        scope=scope,
+        external_url=external_url,
     ) as served:
         yield served
 

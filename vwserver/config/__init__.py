@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
 from vwserver.config import base
 from vwserver.config.base import (
+    DNS_LABEL_RE,
     LOGICAL_CLUSTER_RE,
     OBJECT_NAME_RE,
     WORKSPACE_RE,
@@ -48,6 +50,7 @@ from vwserver.k8s.kcp import SLICE_ENDPOINT_PREFIX, SLICES
 from vwserver.selector import Selector
 
 __all__ = [
+    "DEFAULT_LEASE_NAME",
     "LOGICAL_CLUSTER_RE",
     "OBJECT_NAME_RE",
     "WORKSPACE_RE",
@@ -61,6 +64,7 @@ __all__ = [
 ]
 
 PREFIX = SLICE_ENDPOINT_PREFIX + "/"
+DEFAULT_LEASE_NAME = "vwserver-controller"
 
 
 class Listen(_Strict):
@@ -216,10 +220,24 @@ class LeaseConfig(_Strict):
 
     workspace: str | None = None
     """Workspace of the Lease (default: the controller export's workspace)."""
-    name: str = "vwserver-controller"
-    """The Lease's name."""
+    name: str = DEFAULT_LEASE_NAME
+    """The Lease's name; with ``controller.shards``, the default becomes
+    ``vwserver-controller-<shards.name>``."""
     identity: str | None = None
     """This replica's identity (default: hostname + process id)."""
+
+
+class ShardsConfig(_Strict):
+    """The shards this replica serves: one vwserver Deployment per shard (or set of shards),
+    each publishing and serving only its shards' endpoints of every slice (README, "Sharded
+    kcp"). Without it a replica serves every shard."""
+
+    name: str
+    """The replica set's name, a DNS label: its field manager is ``vwserver-<name>``, its
+    conditions are ``<name>/Ready`` etc. Every replica of one set has the same name, the same
+    shards and the same ``externalURL`` (and a Lease of their own, ``lease.name``)."""
+    virtual_workspace_urls: list[str] = msgspec.field(name="virtualWorkspaceURLs")
+    """The shards' virtual-workspace base URLs (kcp's ``Shard.spec.virtualWorkspaceURL``)."""
 
 
 class ControllerConfig(_Strict):
@@ -230,6 +248,8 @@ class ControllerConfig(_Strict):
     """vwserver's own APIExport."""
     lease: LeaseConfig | None = None
     """Leader election among replicas (unset: this process writes status)."""
+    shards: ShardsConfig | None = None
+    """Serve only these shards (one Deployment per shard); unset: every shard."""
     resync_seconds: float = 30.0
     """How often a ready slice is re-checked against its export and its owner's consent (a
     revoked grant ends the slice within this)."""
@@ -396,6 +416,8 @@ def _validate(config: Config, *, base_dir: Path) -> None:
                 raise ConfigError(f"$.controller.{key}", "must be at least 1")
         if config.controller.consent_reviews_per_second <= 0:
             raise ConfigError("$.controller.consentReviewsPerSecond", "must be positive")
+        if config.controller.shards is not None:
+            _validate_shards(config.controller.shards)
     if config.external_url is not None and not config.external_url.startswith(
         ("https://", "http://")
     ):
@@ -446,6 +468,32 @@ def _validate(config: Config, *, base_dir: Path) -> None:
         if s.upstream_url is not None and not s.upstream_url.startswith(("https://", "http://")):
             raise ConfigError(f"{field}.upstreamURL", f"{s.upstream_url!r} is not an http(s) URL")
         slice_selector(s, field=field)
+
+
+def _validate_shards(shards: ShardsConfig) -> None:
+    field = "$.controller.shards"
+    if not DNS_LABEL_RE.match(shards.name):
+        raise ConfigError(
+            f"{field}.name",
+            f"{shards.name!r} is not a DNS label (lower-case letters, digits and '-', at most "
+            "63): it names the replica set's field manager and condition types",
+        )
+    if not shards.virtual_workspace_urls:
+        raise ConfigError(f"{field}.virtualWorkspaceURLs", "name at least one shard")
+    seen: set[str] = set()
+    for i, url in enumerate(shards.virtual_workspace_urls):
+        where = f"{field}.virtualWorkspaceURLs[{i}]"
+        parts = urlsplit(url)
+        if parts.scheme not in ("https", "http") or not parts.netloc:
+            raise ConfigError(where, f"{url!r} is not an http(s) URL")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ConfigError(
+                where, f"{url!r}: a shard's virtual-workspace URL has no query or credentials"
+            )
+        base_url = url.rstrip("/")
+        if base_url in seen:
+            raise ConfigError(where, f"{url!r} is listed twice")
+        seen.add(base_url)
 
 
 def check_workers(workers: int, *, field: str) -> None:

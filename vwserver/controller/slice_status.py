@@ -30,6 +30,7 @@ from typing import Any
 
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
+from vwserver.controller.scope import ShardScope, scoped_urls
 from vwserver.errors import ConfigError, SelectorError
 from vwserver.holds import DEFAULT_HOLD_TIMEOUT_SECONDS, MAX_HOLD_TIMEOUT_SECONDS, slice_id
 from vwserver.k8s import kcp
@@ -139,13 +140,18 @@ def desired(
     now: str,
     stuck_holds: Callable[[str], StuckHolds | None] | None = None,
     upstream_watches: Callable[[Sequence[str]], WatchHealth] | None = None,
+    scope: ShardScope | None = None,
 ) -> Outcome:
     """The slice's desired status and route from the facts gathered about it.
     ``stuck_holds``: the handoff loop's count of objects that have been leaving a slice for too
     long (:meth:`vwserver.controller.handoff.Handoff.stuck`), for the ``HoldsReleased``
     condition (None: no such condition, the server runs no handoff). ``upstream_watches``: how
     many of the watch cache's upstream watches of the slice's export URLs fail, for the
-    ``UpstreamReachable`` condition (None: no such condition, the server runs no cache)."""
+    ``UpstreamReachable`` condition (None: no such condition, the server runs no cache).
+    ``scope``: the shards this replica serves (None: all): only their endpoints and routes, and
+    the conditions under the scope's types (:mod:`.scope`); the endpoint URLs are those of the
+    whole slice (``/shards/<id>`` as soon as the export has two shards, whoever serves them),
+    so that every replica set publishes the same URL for a shard."""
     cluster, name = slice_key(obj)
     generation = int((obj.get("metadata") or {}).get("generation") or 0)
     selector, selector_problem = parse_selector(obj)
@@ -153,6 +159,8 @@ def desired(
     conditions: list[dict[str, Any]] = []
 
     def condition(type_: str, ok: bool, reason: str, message: str) -> None:
+        if scope is not None:
+            type_ = scope.condition_type(type_)
         conditions.append(
             _condition(
                 type_, ok, reason, message, generation=generation, now=now, previous=previous
@@ -188,7 +196,8 @@ def desired(
         how = "" if lookup.export_cluster == cluster else ", granted to this workspace"
         condition("APIExportValid", True, "Found", f"APIExport {path}/{export_name} found{how}")
     # Never an upstream URL in the route of a refused slice, ready or not.
-    upstreams = lookup.urls if refusal is None else ()
+    every = lookup.urls if refusal is None else ()
+    upstreams = tuple(u for u in every if scope is None or scope.serves(u))
     not_ready: str | None = None
     ready_reason = ""
     if selector is None:
@@ -200,14 +209,26 @@ def desired(
         ready_reason, not_ready = refusal
         if ready_reason not in _READY_REASONS:
             ready_reason = "APIExportInvalid"
+    elif every and not upstreams:
+        assert scope is not None
+        ready_reason = "NoServedShard"
+        not_ready = (
+            f"no shard that replica set {scope.name} serves (controller.shards) holds an "
+            f"APIBinding to APIExport {path}/{export_name}; other replica sets serve its "
+            "other shards"
+        )
     elif not upstreams:
         ready_reason = "APIExportNotReady"
         not_ready = (
             f"APIExport {path}/{export_name} has no virtual-workspace endpoint yet "
             "(kcp publishes one once an APIBinding to the export exists)"
         )
-    urls = kcp.slice_endpoint_urls(
-        external_url=external_url, cluster=cluster, name=name, upstreams=upstreams
+    urls = scoped_urls(
+        kcp.slice_endpoint_urls(
+            external_url=external_url, cluster=cluster, name=name, upstreams=every
+        ),
+        every,
+        scope,
     )
     if stuck_holds is not None:
         stuck = stuck_holds(slice_id(cluster, name))

@@ -55,6 +55,7 @@ from vwserver.auth.reviews import post_review, review_allows
 from vwserver.clock import Clock, SystemClock, rfc3339
 from vwserver.controller import consent
 from vwserver.controller.handoff import StuckHolds
+from vwserver.controller.scope import ShardScope, merged, own_part, owned, same_part
 from vwserver.controller.slice_status import (
     TOO_MANY_EXPORTS,
     TOO_MANY_SLICES,
@@ -66,6 +67,7 @@ from vwserver.controller.slice_status import (
     status_changed,
 )
 from vwserver.errors import (
+    ApiConflict,
     ApiError,
     ApiForbidden,
     ApiUnauthorized,
@@ -93,6 +95,8 @@ RESERVED_WORKERS = 2
 """Further workers only for slices whose consent is implied (the providers' own)."""
 ACTIVE_PER_WORKSPACE = 2
 """At most this many slices of one workspace (and kind of consent) in reconcile at once."""
+RETIRE_ATTEMPTS = 3
+"""Writes of a retiring replica set per slice (each conflict re-reads the slice)."""
 TENANT_CONNECTIONS = 16
 """The connection pool for requests made for slices naming another workspace's export."""
 
@@ -110,6 +114,9 @@ class ControllerSettings:
     max_exports_per_workspace: int = 20
     consent_reviews_per_second: float = 5.0
     """Per slice workspace (burst: twice as many)."""
+    scope: ShardScope | None = None
+    """The shards this replica serves (None: all). With a scope, only the scope's part of the
+    status is written, under the scope's field manager (:mod:`.scope`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +211,8 @@ class SliceController:
         self.synced = asyncio.Event()
         """Set once the first complete list of slices has been seen (``/readyz``)."""
         self._endpoints_error: str | None = None
+        self._retired = False
+        """Set by :meth:`retire`: no status write after it."""
 
     # --- running ---------------------------------------------------------------------------
 
@@ -334,6 +343,10 @@ class SliceController:
         )
         return tuple(kcp.endpoint_urls(eps))
 
+    def slice_object(self, key: Key) -> JSON | None:
+        """The slice ``key`` as the controller's watches last delivered it (None: not seen)."""
+        return self._object(key)
+
     def _object(self, key: Key) -> JSON | None:
         for reflector in self._slices.values():
             if (obj := reflector.handler.get(key)) is not None:
@@ -395,6 +408,7 @@ class SliceController:
             lookup = await self._lookup(key, obj)
         self._follow_exports()
         current = obj.get("status") or {}
+        scope = self._settings.scope
         outcome = desired(
             obj,
             lookup=lookup,
@@ -403,13 +417,20 @@ class SliceController:
             now=rfc3339(self._clock.now()),
             stuck_holds=self._stuck_holds,
             upstream_watches=self._upstream_watches_of(key),
+            scope=scope,
         )
         if outcome.route.not_ready is None:
             self._verified[key] = checked
         else:
             self._verified.pop(key, None)
         self._set_route(key, outcome.route)
-        if status_changed(current, outcome.status) and self._may_write_status():
+        if scope is None:
+            changed = status_changed(current, outcome.status)
+        else:
+            changed = not same_part(
+                own_part(current, owned(obj, scope.field_manager)), outcome.status
+            )
+        if changed and self._may_write_status():
             await self._write_status(obj, outcome.status)
         return outcome.route.not_ready is None
 
@@ -664,7 +685,7 @@ class SliceController:
         return review_allows(status), ""
 
     def _may_write_status(self) -> bool:
-        if not self._writes_status:
+        if not self._writes_status or self._retired:
             return False
         return self._leader is None or self._leader.is_leader
 
@@ -685,10 +706,61 @@ class SliceController:
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
         cluster, name = key = slice_key(obj)
         base = kcp.clusters(self._slice_home(key), cluster)
-        await self._client_for(key).merge_patch(
-            kcp.SLICES.item(base, None, name, subresource="status"), {"status": status}
-        )
+        path = kcp.SLICES.item(base, None, name, subresource="status")
+        scope = self._settings.scope
+        if scope is None:
+            await self._client_for(key).merge_patch(path, {"status": status})
+        else:
+            # This replica set's part replaced, the other sets' entries as they are; only if
+            # the object is still the one read (else 409, and the reconcile is retried).
+            whole = merged(obj.get("status") or {}, owned(obj, scope.field_manager), status)
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            await self._client_for(key).merge_patch(
+                path,
+                {"metadata": {"resourceVersion": version}, "status": whole},
+                field_manager=scope.field_manager,
+            )
         self._metrics.status_writes.inc()
+
+    async def retire(self) -> int:
+        """Remove this replica set's part of every slice's status (its endpoints, its
+        conditions), keeping what the other replica sets own (:func:`.scope.merged`). Called
+        on a graceful shutdown of a shard-scoped replica that may write status (the Lease
+        holder, when there is a Lease) before its controller stops; nothing without a scope
+        (one writer owns the whole status). Returns how many slices were written; a failure is
+        logged, never raised (shutdown goes on: the part stays until this replica set writes
+        again, see the README)."""
+        scope = self._settings.scope
+        if scope is None or not self._may_write_status():
+            return 0
+        self._retired = True
+        written = 0
+        for key, obj in list(self._objects()):
+            mine = owned(obj, scope.field_manager)
+            if not (mine.endpoints or mine.conditions):
+                continue
+            try:
+                await self._retire_from(key, obj)
+                written += 1
+            except (ApiError, UpstreamUnavailable) as e:
+                log.warning("removing replica set %s from slice %s/%s: %s", scope.name, *key, e)
+        log.info("replica set %s removed from the status of %d slice(s)", scope.name, written)
+        return written
+
+    async def _retire_from(self, key: Key, obj: JSON) -> None:
+        """Write this replica set's part out of one slice's status; on a conflict (another
+        replica set wrote since the watch delivered ``obj``) read the slice again and retry."""
+        for _ in range(RETIRE_ATTEMPTS - 1):
+            try:
+                await self._write_status(obj, {})
+                return
+            except ApiConflict:
+                base = kcp.clusters(self._slice_home(key), key[0])
+                fresh = await self._client_for(key).get(kcp.SLICES.item(base, None, key[1]))
+                if fresh is None:
+                    return  # deleted: nothing to remove
+                obj = fresh
+        await self._write_status(obj, {})
 
     def _publish(self) -> None:
         """Static routes plus every known slice, swapped in as one new table."""
