@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,9 +31,12 @@ PROD = {"matchLabels": {"env": "prod"}}
 
 
 @contextlib.asynccontextmanager
-async def serving_slices(w: ShardedWorld, *, watch_health: bool = False) -> AsyncIterator[Served]:
+async def serving_slices(
+    w: ShardedWorld, *, watch_health: bool = False, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[Served]:
     """vwserver in kcp mode over the sharded kcp (through the front-proxy), its API workspace
-    on the root shard, the slice workspace granted the export: the shard suites' server."""
+    on the root shard, the slice workspace granted the export: the shard suites' server
+    (``ssl_context``: served over HTTPS with it)."""
     front = w.bed.front
     grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
     await apply_retrying(front, w.world.provider.url, grant, within=60)
@@ -44,6 +48,7 @@ async def serving_slices(w: ShardedWorld, *, watch_health: bool = False) -> Asyn
         api_location=on_shard(ROOT_SHARD),
         cache=True,
         watch_health=watch_health,
+        ssl_context=ssl_context,
     ) as served:
         yield served
 
