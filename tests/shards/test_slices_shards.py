@@ -123,6 +123,55 @@ async def endpoints_by_shard(
     return out
 
 
+async def suite_slice(
+    w: ShardedWorld, served: Served, prefix: str
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """A ready slice in ``root:slices`` selecting ``env=prod`` and a label of its own
+    (``suite=<name>``), so that only the test's own objects are in it: its name, its labels and
+    its two endpoint URLs by shard."""
+    name = unique(prefix)
+    labels = {"env": "prod", "suite": name}
+    await served.create_slice(w.slices, name, selector={"matchLabels": labels})
+    await wait_slice_ready(w.bed.front, w.slices, name, within=60)
+    return name, labels, await endpoints_by_shard(w, served, name, count=2)
+
+
+async def new_export(w: ShardedWorld) -> tuple[str, str]:
+    """A second export of the Widget schema in ``root:provider``, bound nowhere yet, granted to
+    the slice workspace: its name and the APIBinding manifest that binds it."""
+    front = w.bed.front
+    export = unique("late") + ".example.io"
+    provider_doc = {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIExport",
+        "metadata": {"name": export},
+        "spec": {
+            "resources": [
+                {
+                    "group": w.world.group,
+                    "name": w.world.resource,
+                    "schema": f"v1.{w.world.resource}.{w.world.group}",
+                    "storage": {"crd": {}},
+                }
+            ]
+        },
+    }
+    await apply_retrying(front, w.world.provider.url, json.dumps(provider_doc), within=60)
+    await apply_retrying(
+        front,
+        w.world.provider.url,
+        export_grant(slice_cluster=w.slices.cluster, export_name=export),
+        within=60,
+    )
+    binding = {
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": {"name": export},
+        "spec": {"reference": {"export": {"path": w.world.provider.path, "name": export}}},
+    }
+    return export, json.dumps(binding)
+
+
 async def test_a_slice_lists_one_endpoint_per_shard_and_each_serves_that_shard(
     sharded_world: ShardedWorld, served: Served, session: aiohttp.ClientSession
 ) -> None:
@@ -246,40 +295,12 @@ async def test_shards_endpoints_follow_the_bindings(
     kcp's own endpoint slice does), and the root shard's ``/shards/<id>`` URL keeps serving."""
     w = sharded_world
     front = w.bed.front
-    export = unique("late") + ".example.io"
-    provider_doc = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIExport",
-        "metadata": {"name": export},
-        "spec": {
-            "resources": [
-                {
-                    "group": w.world.group,
-                    "name": w.world.resource,
-                    "schema": f"v1.{w.world.resource}.{w.world.group}",
-                    "storage": {"crd": {}},
-                }
-            ]
-        },
-    }
-    await apply_retrying(front, w.world.provider.url, json.dumps(provider_doc), within=60)
-    await apply_retrying(
-        front,
-        w.world.provider.url,
-        export_grant(slice_cluster=w.slices.cluster, export_name=export),
-        within=60,
-    )
-    binding = {
-        "apiVersion": "apis.kcp.io/v1alpha2",
-        "kind": "APIBinding",
-        "metadata": {"name": export},
-        "spec": {"reference": {"export": {"path": w.world.provider.path, "name": export}}},
-    }
+    export, binding = await new_export(w)
     spaces = {
         shard: await w.bed.create_workspace(unique(f"late-{shard}"), shard=shard)
         for shard in SHARD_NAMES
     }
-    await apply_retrying(front, spaces[ROOT_SHARD].url, json.dumps(binding), within=60)
+    await apply_retrying(front, spaces[ROOT_SHARD].url, binding, within=60)
     name = unique("late")
     await served.create_slice(w.slices, name, selector=PROD, export_name=export)
     (plain,) = slice_endpoint_urls(
@@ -288,7 +309,7 @@ async def test_shards_endpoints_follow_the_bindings(
     assert await endpoints_by_shard(w, served, name, count=1, export=export) == {"default": plain}
     assert [w.bed.shard_of_url(u) for u in await kcp_vw_urls(w, export)] == [ROOT_SHARD]
 
-    await apply_retrying(front, spaces[SECOND_SHARD].url, json.dumps(binding), within=60)
+    await apply_retrying(front, spaces[SECOND_SHARD].url, binding, within=60)
     two = await endpoints_by_shard(w, served, name, count=2, within=90, export=export)
     assert set(two) == set(SHARD_NAMES)
 

@@ -31,10 +31,10 @@ import pytest_asyncio
 
 from devenv.bootstrap import Workspace, apply_retrying, poll
 from devenv.shards import ROOT_SHARD, SECOND_SHARD, SHARD_NAMES
-from devenv.slices import wait_slice_ready
 from tests.e2e.controller_env import Served, unique
+from tests.e2e.test_syncer_writes_kcp import DOWNSTREAM_CRD
 from tests.shards.conftest import ShardedWorld
-from tests.shards.test_slices_shards import call, endpoints_by_shard, serving_slices
+from tests.shards.test_slices_shards import call, serving_slices, suite_slice
 from tests.support.widgets import remove_namespace
 from vwserver.syncer.config import parse_syncer_config
 from vwserver.syncer.naming import ANN_CLUSTER, LABEL_SYNCER, downstream_namespace, finalizer
@@ -46,31 +46,6 @@ WAIT = 90.0
 T = TypeVar("T")
 
 pytestmark = pytest.mark.timeout(600)
-
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.example.io"},
-    "spec": {
-        "group": "example.io",
-        "names": {"kind": "Widget", "listKind": "WidgetList", "plural": "widgets"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -85,7 +60,7 @@ async def downstream(sharded_world: ShardedWorld) -> Workspace:
     w = sharded_world
     front = w.bed.front
     ws = await w.bed.create_workspace(unique("downstream"), shard=ROOT_SHARD)
-    await apply_retrying(front, ws.url, json.dumps(CRD), within=WAIT)
+    await apply_retrying(front, ws.url, json.dumps(DOWNSTREAM_CRD), within=WAIT)
 
     async def discovered() -> bool | None:
         async with front.http_session(timeout=30) as session:
@@ -128,11 +103,7 @@ async def test_the_syncer_syncs_both_shards_into_one_downstream_without_collisio
 ) -> None:
     w = sharded_world
     front = w.bed.front
-    name = unique("sync")
-    labels = {"env": "prod", "suite": name}
-    await served.create_slice(w.slices, name, selector={"matchLabels": labels})
-    await wait_slice_ready(front, w.slices, name, within=60)
-    endpoints = await endpoints_by_shard(w, served, name, count=2)
+    name, labels, endpoints = await suite_slice(w, served, "sync")
     consumers = {s: w.consumer_on(s) for s in SHARD_NAMES}
     namespace = unique("sync")
     front.write_admin_kubeconfig(tmp_path / "kcp.kubeconfig", server=front.url)
@@ -160,12 +131,8 @@ async def test_the_syncer_syncs_both_shards_into_one_downstream_without_collisio
             ],
             "namespacePrefix": PREFIX,
             "resyncSeconds": 5,
-            "leaderElection": {
-                "namespace": "vwserver-syncer",
-                "leaseDurationSeconds": 4,
-                "renewDeadlineSeconds": 3,
-                "retryPeriodSeconds": 0.5,
-            },
+            # a fresh Lease (no holder yet): the default timings take it at once
+            "leaderElection": {"namespace": "vwserver-syncer"},
             "health": {"port": 0},
         },
         base_dir=tmp_path,
