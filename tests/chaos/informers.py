@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devenv.bootstrap import Workspace
+from devenv.kcp import KcpInstance
 from tests.chaos.bed import TOKEN, ChaosKcp, in_slice
 from tests.chaos.history import Verdict, check_object, read_client
 from tests.chaos.writes import API, Planned
@@ -70,9 +72,17 @@ async def start_informers(
 
 async def read_truth(bed: ChaosKcp, namespace: str) -> dict[str, State]:
     """kcp's objects of ``namespace`` in the slice (both consumers), read directly."""
+    return await read_truth_in(bed.kcp, bed.world.consumers, namespace)
+
+
+async def read_truth_in(
+    kcp: KcpInstance, workspaces: Iterable[Workspace], namespace: str
+) -> dict[str, State]:
+    """kcp's objects of ``namespace`` in the slice (env=prod) in ``workspaces``, read directly
+    from kcp (a sharded kcp: through its front-proxy), keyed as the Go informer keys them."""
     truth: dict[str, State] = {}
-    async with bed.kcp.http_session(timeout=30) as session:
-        for ws in bed.world.consumers:
+    async with kcp.http_session(timeout=30) as session:
+        for ws in workspaces:
             async with session.get(f"{ws.url}/{API}/namespaces/{namespace}/widgets") as resp:
                 assert resp.status == 200, await resp.text()
                 items = (await resp.json())["items"]

@@ -33,6 +33,10 @@ from devenv.shards import (
     start_sharded_kcp,
 )
 from tests.conftest import _report, _unavailable
+from tests.support import go_binaries
+from tests.support.go_binaries import go_clients, go_provider
+
+__all__ = ["go_clients", "go_provider"]
 
 _HERE = Path(__file__).parent
 _BINARIES_KEY = pytest.StashKey[dict[str, Path] | str]()
@@ -41,7 +45,9 @@ PLACEMENT = DEMO_PLACEMENT
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build (or find) the sharded kcp's binaries before any test's timeout starts ticking."""
+    """Build (or find) the sharded kcp's binaries — and the Go clients the collected tests use
+    — before any test's timeout starts ticking."""
+    go_binaries.pytest_collection_finish(session)
     if not any(_HERE in Path(item.path).parents for item in session.items):
         return
     binaries: dict[str, Path] | str

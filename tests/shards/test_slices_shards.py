@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -42,11 +43,13 @@ async def serving_slices(
     guard: Callable[[KubeClient], Guard] | None = None,
     scope: ShardScope | None = None,
     external_url: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Served]:
     """vwserver in kcp mode over the sharded kcp (through the front-proxy), its API workspace
     on the root shard, the slice workspace granted the export: the shard suites' server
     (``guard``: authenticating and authorizing callers with it; default: nobody is asked;
-    ``scope``, ``external_url``: a shard-scoped replica, see :func:`serving`)."""
+    ``scope``, ``external_url``: a shard-scoped replica, see :func:`serving`;
+    ``ssl_context``: served over HTTPS with it)."""
     front = w.bed.front
     grant = export_grant(slice_cluster=w.slices.cluster, export_name=w.world.export_name)
     await apply_retrying(front, w.world.provider.url, grant, within=60)
@@ -61,6 +64,7 @@ async def serving_slices(
         guard=guard,
         scope=scope,
         external_url=external_url,
+        ssl_context=ssl_context,
     ) as served:
         yield served
 
@@ -160,6 +164,19 @@ async def prod_endpoints(w: ShardedWorld, served: Served) -> dict[str, str]:
     name = unique("prod")
     await served.create_slice(w.slices, name, selector=PROD)
     return await endpoints_by_shard(w, served, name, count=2)
+
+
+async def suite_slice(
+    w: ShardedWorld, served: Served, prefix: str
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """A ready slice in ``root:slices`` selecting ``env=prod`` and a label of its own
+    (``suite=<name>``), so that only the test's own objects are in it: its name, its labels and
+    its two endpoint URLs by shard."""
+    name = unique(prefix)
+    labels = {"env": "prod", "suite": name}
+    await served.create_slice(w.slices, name, selector={"matchLabels": labels})
+    await wait_slice_ready(w.bed.front, w.slices, name, within=60)
+    return name, labels, await endpoints_by_shard(w, served, name, count=2)
 
 
 async def test_a_slice_lists_one_endpoint_per_shard_and_each_serves_that_shard(
@@ -284,12 +301,12 @@ async def test_shards_endpoints_follow_the_bindings(
     w = sharded_world
     front = w.bed.front
     export = await another_export(w, "late")
-    binding = export_binding(w, export)
+    binding = json.dumps(export_binding(w, export))
     spaces = {
         shard: await w.bed.create_workspace(unique(f"late-{shard}"), shard=shard)
         for shard in SHARD_NAMES
     }
-    await apply_retrying(front, spaces[ROOT_SHARD].url, json.dumps(binding), within=60)
+    await apply_retrying(front, spaces[ROOT_SHARD].url, binding, within=60)
     name = unique("late")
     await served.create_slice(w.slices, name, selector=PROD, export_name=export)
     (plain,) = slice_endpoint_urls(
@@ -298,7 +315,7 @@ async def test_shards_endpoints_follow_the_bindings(
     assert await endpoints_by_shard(w, served, name, count=1, export=export) == {"default": plain}
     assert [w.bed.shard_of_url(u) for u in await kcp_vw_urls(w, export)] == [ROOT_SHARD]
 
-    await apply_retrying(front, spaces[SECOND_SHARD].url, json.dumps(binding), within=60)
+    await apply_retrying(front, spaces[SECOND_SHARD].url, binding, within=60)
     two = await endpoints_by_shard(w, served, name, count=2, within=90, export=export)
     assert set(two) == set(SHARD_NAMES)
 

@@ -17,13 +17,17 @@
 //     for every endpoint and only swaps the host (TrustedConfig);
 //   - a retry for endpoints that fail when first seen: v0.8.0 tries an endpoint when the slice
 //     lists it and then only when the slice object changes, so an endpoint that failed (vwserver
-//     down, its CA not trusted, no content grant yet) stays unwatched (see Options.RetryInterval).
+//     down, its CA not trusted, no content grant yet) stays unwatched (see Options.RetryInterval);
+//   - a fresh start when an endpoint leaves the slice: v0.8.0 stops watching it but keeps the
+//     clusters it engaged through it, with their stopped caches (see extractor). vwserver's
+//     endpoint URLs change under engaged clusters when a slice gains or loses a shard.
 package filteredapiexport
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -101,6 +105,7 @@ type Provider struct {
 	generation int
 	indexes    []index
 	failed     map[string]error // endpoints the current generic provider failed to watch
+	gone       chan string      // an endpoint the current generic provider watched left the slice
 }
 
 type index struct {
@@ -154,6 +159,7 @@ func New(cfg *rest.Config, sliceName string, options Options) (*Provider, error)
 		log:       *options.Log,
 		options:   options,
 		failed:    map[string]error{},
+		gone:      make(chan string, 1),
 	}
 	// Build the first generic provider now, so that a bad config fails here (as apiexport.New).
 	inner, err := provider.NewProvider(p.cfg, sliceName, p.genericOptions(1))
@@ -173,12 +179,65 @@ func (p *Provider) genericOptions(generation int) provider.Options {
 	return provider.Options{
 		Scheme:                       p.options.Scheme,
 		EndpointSliceObject:          &syncv1alpha1.FilteredAPIExportEndpointSlice{},
-		ExtractURLsFromEndpointSlice: ExtractURLs,
+		ExtractURLsFromEndpointSlice: p.extractor(generation),
 		ObjectToWatch:                p.options.ObjectToWatch,
 		Log:                          &hooked,
 		AddFilter:                    p.options.AddFilter,
 		UpdateFilter:                 p.options.UpdateFilter,
 		Handlers:                     p.options.Handlers,
+	}
+}
+
+// extractor is the URL extractor of one generation of the generic provider: ExtractURLs, and a
+// restart of that generation (see supervise) once a URL it extracted before is no longer in the
+// slice.
+//
+// v0.8.0's endpointSliceUpdate stops watching a URL that left the slice but never disengages the
+// clusters it engaged through it: they stay engaged with that URL and its stopped cache. And a
+// URL that the slice lists anew skips every cluster engaged already. vwserver's URLs do change
+// under engaged clusters: a slice with one shard lists its plain URL, with two shards one
+// /shards/<id> URL each, so the first binding on a second shard moves every engaged cluster to a
+// new URL, and the last binding there going removes its URL (possibly before the provider has
+// seen that binding's deletion, which is what disengages a cluster). A fresh generic provider
+// watches exactly the slice's URLs and engages what each shows now.
+func (p *Provider) extractor(generation int) provider.URLExtractor {
+	var mu sync.Mutex
+	var last []string
+	return func(obj client.Object) ([]string, error) {
+		urls, err := ExtractURLs(obj)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		gone := ""
+		for _, url := range last {
+			if !slices.Contains(urls, url) {
+				gone = url
+				break
+			}
+		}
+		last = urls
+		mu.Unlock()
+		if gone != "" {
+			p.endpointGone(generation, gone)
+		}
+		return urls, nil
+	}
+}
+
+// endpointGone asks supervise to restart the generic provider of generation, if it is the current
+// one, because url left the slice.
+func (p *Provider) endpointGone(generation int, url string) {
+	p.mu.RLock()
+	current := generation == p.generation
+	p.mu.RUnlock()
+	if !current {
+		return
+	}
+	p.log.Info("an endpoint left the slice; restarting the provider on the slice's endpoints", "url", url)
+	select {
+	case p.gone <- url:
+	default: // a restart is requested already
 	}
 }
 
@@ -237,8 +296,9 @@ func (p *Provider) inner() *provider.Provider {
 
 // Start runs the provider until ctx ends (the multicluster manager calls it). It runs the
 // generic provider; while an endpoint that the generic provider failed to watch does not
-// answer, nothing changes; once it answers, the generic provider is replaced by a fresh one,
-// which watches every endpoint of the slice anew (engaged clusters are re-engaged).
+// answer, nothing changes; once it answers, or once an endpoint leaves the slice, the generic
+// provider is replaced by a fresh one, which watches every endpoint of the slice anew (engaged
+// clusters are re-engaged).
 func (p *Provider) Start(ctx context.Context, aware multicluster.Aware) error {
 	for {
 		p.mu.RLock()
@@ -286,12 +346,16 @@ func (p *Provider) nextGeneration(ctx context.Context) error {
 	}
 	p.current, p.generation = inner, generation
 	clear(p.failed)
-	p.log.Info("restarted the provider: an endpoint that failed before answers now", "slice", p.sliceName, "generation", generation)
+	select {
+	case <-p.gone: // requested by the generation just replaced
+	default:
+	}
+	p.log.Info("restarted the provider", "slice", p.sliceName, "generation", generation)
 	return nil
 }
 
-// supervise waits until ctx ends, the generic provider returns (finished), or an endpoint it
-// failed to watch answers a probe (restart).
+// supervise waits until ctx ends, the generic provider returns (finished), an endpoint it
+// failed to watch answers a probe, or an endpoint it watched left the slice (restart).
 func (p *Provider) supervise(ctx context.Context, done <-chan error) (restart bool, err error, finished bool) {
 	var tick <-chan time.Time
 	if p.retry > 0 {
@@ -305,6 +369,8 @@ func (p *Provider) supervise(ctx context.Context, done <-chan error) (restart bo
 			return false, nil, false
 		case err := <-done:
 			return false, err, true
+		case <-p.gone:
+			return true, nil, false
 		case <-tick:
 			p.mu.RLock()
 			failed := make([]string, 0, len(p.failed))

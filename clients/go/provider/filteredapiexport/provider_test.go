@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+
+	syncv1alpha1 "github.com/edge-connect/vwserver/clients/go/provider/apis/v1alpha1"
 )
 
 // fakeAPI answers just enough of the Kubernetes API for the generic provider: discovery of one
@@ -245,5 +248,57 @@ func TestNewRegistersTheTypesAndRejectsAnEmptyName(t *testing.T) {
 	}
 	if _, err := ExtractURLs(nil); err == nil {
 		t.Error("ExtractURLs accepted a non-slice")
+	}
+}
+
+// A URL that leaves the slice asks for a fresh generic provider (vwserver moves clusters to new
+// URLs as shards come and go); URLs added alone do not, nor does a generation that is no longer
+// the current one.
+func TestAnEndpointLeavingTheSliceRestartsTheProvider(t *testing.T) {
+	kcp, _, _ := world(t)
+	p, err := New(&rest.Config{Host: kcp.URL}, "test", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := func(urls ...string) *syncv1alpha1.FilteredAPIExportEndpointSlice {
+		s := &syncv1alpha1.FilteredAPIExportEndpointSlice{}
+		for _, url := range urls {
+			s.Status.Endpoints = append(s.Status.Endpoints, syncv1alpha1.FilteredAPIExportEndpoint{URL: url})
+		}
+		return s
+	}
+	asked := func() string {
+		select {
+		case url := <-p.gone:
+			return url
+		default:
+			return ""
+		}
+	}
+	current, stale := p.extractor(1), p.extractor(0)
+	steps := []struct {
+		urls []string
+		want string // the URL whose leaving asks for a restart
+	}{
+		{[]string{"https://vw/plain"}, ""},
+		{[]string{"https://vw/plain"}, ""},
+		{[]string{"https://vw/plain", "https://vw/shards/b"}, ""},
+		{[]string{"https://vw/shards/a", "https://vw/shards/b"}, "https://vw/plain"},
+		{[]string{"https://vw/shards/a"}, "https://vw/shards/b"},
+	}
+	for i, step := range steps {
+		got, err := current(slice(step.urls...))
+		if err != nil || !slices.Equal(got, step.urls) {
+			t.Fatalf("step %d: extracted %v, %v; want %v", i, got, err, step.urls)
+		}
+		if url := asked(); url != step.want {
+			t.Fatalf("step %d: restart asked for %q; want %q", i, url, step.want)
+		}
+		if _, err := stale(slice(step.urls...)); err != nil {
+			t.Fatal(err)
+		}
+		if url := asked(); url != "" {
+			t.Fatalf("step %d: a replaced generation asked for a restart (%q)", i, url)
+		}
 	}
 }
