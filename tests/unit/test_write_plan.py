@@ -463,18 +463,10 @@ def config(
     finalizers: list[str] | None = None,
 ) -> dict[str, Any]:
     """An apply configuration as the proxy sends it (labelled for the slice, with the checked
-    resourceVersion)."""
-    meta: dict[str, Any] = {
-        "name": "w",
-        "namespace": "ns",
-        "resourceVersion": RV,
-        "labels": {"env": "prod"} if labels is None else labels,
-    }
-    if annotations is not None:
-        meta["annotations"] = annotations
-    if finalizers is not None:
-        meta["finalizers"] = finalizers
-    return {"apiVersion": "example.io/v1alpha1", "kind": "Widget", "metadata": meta}
+    resourceVersion): the object's fields the slice decides by, no uid or spec."""
+    out = obj(labels=labels, annotations=annotations, finalizers=finalizers)
+    del out["metadata"]["uid"], out["spec"]
+    return out
 
 
 NOT_IN = Route(
