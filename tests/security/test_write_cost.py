@@ -17,14 +17,19 @@ from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER, widget
 from tests.support.cache import CachedAndDirect, cached_and_direct
 from tests.support.write_cost import (
+    APPLY,
+    APPLY_FINALIZER,
     JSON,
     MERGE,
     WRITES,
     Write,
+    apply_config,
     behind,
     cost,
+    stream_paused,
     until_cached,
 )
+from vwserver.holds import HOLDS_ANNOTATION
 from vwserver.routes import Route, RouteTable
 from vwserver.selector import Selector
 
@@ -69,6 +74,17 @@ def _widgets(base: str) -> str:
     return f"{slice_base}/{API}/namespaces/{NS}/widgets"
 
 
+async def _created(both: CachedAndDirect, name: str, *, cached: bool) -> tuple[dict[str, Any], str]:
+    """A new widget in the slice, and the server to write it through: the cached one once its
+    cache has the widget, else the one without the cache."""
+    created = both.fake.create(cluster=CLUSTER, obj=widget(name, env="prod"))
+    if not cached:
+        return created, both.direct
+    rv = int(created["metadata"]["resourceVersion"])
+    await until_cached(both.registry, (CLUSTER, NS, name), newer_than=rv - 1)
+    return created, both.cached
+
+
 def _stored(both: CachedAndDirect, name: str) -> dict[str, Any]:
     found = both.fake.get(cluster=CLUSTER, namespace=NS, name=name)
     assert found is not None
@@ -81,15 +97,56 @@ async def test_a_write_costs_one_upstream_request_when_cached(
     servers: CachedAndDirect, write: Write, cached: bool
 ) -> None:
     name = f"w-{abs(hash((write.name, cached))) % 10**6}"
-    created = servers.fake.create(cluster=CLUSTER, obj=widget(name, env="prod"))
-    base = servers.cached if cached else servers.direct
-    if cached:
-        rv = int(created["metadata"]["resourceVersion"])
-        await until_cached(servers.registry, (CLUSTER, NS, name), newer_than=rv - 1)
+    _, base = await _created(servers, name, cached=cached)
     url = f"{_widgets(base)}/{name}"
     spent, status, doc = await cost(servers.session, base, url, write, _stored(servers, name))
     assert status in write.ok, doc
     assert spent == (write.cached if cached else write.uncached)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+async def test_an_apply_whose_holds_change_keeps_its_dry_run(
+    servers: CachedAndDirect, cached: bool
+) -> None:
+    """An apply that adds a finalizer: the proxy records the hold, which it can compute only
+    from kcp's result — the dry run, then the write (and a GET first without the cache)."""
+    name = f"fin-{int(cached)}"
+    created, base = await _created(servers, name, cached=cached)
+    url = f"{_widgets(base)}/{name}"
+    spent, status, doc = await cost(servers.session, base, url, APPLY_FINALIZER, created)
+    assert status == 200, doc
+    assert spent == (APPLY_FINALIZER.cached if cached else APPLY_FINALIZER.uncached)
+    after = _stored(servers, name)["metadata"]
+    assert after["finalizers"] == ["example.io/cost"]
+    if cached:  # a slice that records holds (its views can show an object leaving)
+        assert "example.io/cost" in after["annotations"][HOLDS_ANNOTATION]
+
+
+async def test_back_to_back_applies_cost_one_request_each(servers: CachedAndDirect) -> None:
+    """An applier that applies again as soon as kcp answered: the cache's stream has not
+    delivered its last apply (held back here), and the proxy checks against the version kcp
+    answered it with — one upstream request per apply, never a 409 and a GET more."""
+    name = "b2b-apply"
+    created, base = await _created(servers, name, cached=True)
+    url = f"{_widgets(base)}/{name}"
+    rounds = 10
+    spent = 0.0
+    with stream_paused(servers.registry):
+        for i in range(rounds):
+            apply = Write(
+                "apply",
+                "PATCH",
+                APPLY,
+                lambda s, i=i: apply_config(s, color=f"c{i}"),
+                1,
+                2,
+                query=(("fieldManager", "cost"),),
+            )
+            one, status, doc = await cost(servers.session, servers.cached, url, apply, created)
+            assert status == 200, doc
+            spent += one
+    assert spent == rounds
+    assert _stored(servers, name)["spec"]["color"] == f"c{rounds - 1}"
 
 
 async def test_create_costs_one_upstream_request(servers: CachedAndDirect) -> None:

@@ -55,17 +55,25 @@ def _blind(stored: dict[str, Any]) -> dict[str, Any]:
     return {**stored, "metadata": meta, "spec": {**stored.get("spec", {}), "size": 7}}
 
 
-def _apply(stored: dict[str, Any], *, status: dict[str, Any] | None = None) -> str:
+def _apply(
+    stored: dict[str, Any],
+    *,
+    status: dict[str, Any] | None = None,
+    finalizers: list[str] | None = None,
+    color: str = "blue",
+) -> str:
     """An apply configuration of ``stored``: its spec's color (or, for the status
-    subresource, ``status``)."""
+    subresource, ``status``), and ``finalizers`` if given."""
     meta = stored["metadata"]
     config: dict[str, Any] = {
         "apiVersion": stored["apiVersion"],
         "kind": stored["kind"],
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
     }
+    if finalizers is not None:
+        config["metadata"]["finalizers"] = finalizers
     if status is None:
-        config["spec"] = {"color": "blue"}
+        config["spec"] = {"color": color}
     else:
         config["status"] = status
     return json.dumps(config)
@@ -119,10 +127,28 @@ WRITES: tuple[Write, ...] = (
         1,
         2,
     ),
-    # Server-side apply keeps its dry run: the proxy cannot compute field ownership.
-    Write("apply", "PATCH", APPLY, _apply, 2, 3, query=(("fieldManager", "cost"),)),
+    # An apply whose result stays in the slice whatever field ownership decides (no finalizer
+    # or hold, labels inside the slice either way) needs no dry run: one write.
+    Write("apply", "PATCH", APPLY, _apply, 1, 2, query=(("fieldManager", "cost"),)),
     Write("delete", "DELETE", JSON, lambda _: None, 1, 2, ok=(200, 202)),
 )
+
+APPLY_FINALIZER = Write(
+    "apply of a finalizer",
+    "PATCH",
+    APPLY,
+    lambda s: _apply(s, finalizers=["example.io/cost"]),
+    2,
+    3,
+    query=(("fieldManager", "cost"),),
+)
+"""An apply whose result's holds the proxy must see (a finalizer it adds is recorded for the
+slice): the dry run, then the write with the holds — two requests."""
+
+
+def apply_config(stored: dict[str, Any], *, color: str) -> str:
+    """An apply configuration of ``stored`` setting its spec's color."""
+    return _apply(stored, color=color)
 
 
 async def upstream_requests(session: aiohttp.ClientSession, base: str) -> float:

@@ -33,6 +33,7 @@ from vwserver.proxy.write_plan import (
     MISSING,
     Leaving,
     Send,
+    apply_result_decided,
     plan_delete,
     plan_patch,
     plan_status_patch,
@@ -457,3 +458,120 @@ def test_a_patch_that_adds_a_finalizer_records_the_hold(
         assert label_op["op"] == "add" and label_op["value"] == "true"
         assert label_op["path"] == label_pointer(holder_label(SID))
     assert json.loads(value) == {SID: {"finalizers": ["f"]}}
+
+
+# --- server-side apply: when no dry run is needed ---------------------------------------------
+
+
+def config(
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    finalizers: list[str] | None = None,
+) -> dict[str, Any]:
+    """An apply configuration as the proxy sends it (labelled for the slice, with the checked
+    resourceVersion): the object's fields the slice decides by, no uid or spec."""
+    out = obj(labels=labels, annotations=annotations, finalizers=finalizers)
+    del out["metadata"]["uid"], out["spec"]
+    return out
+
+
+NOT_IN = Route(
+    cluster="root:provider",
+    name="prod",
+    selector=Selector.parse("env=prod,tier notin (db)"),
+    upstream_url="https://kcp.invalid",
+)
+
+APPLY_CASES: list[tuple[str, dict[str, Any], dict[str, Any], Route | None, bool]] = [
+    # (case, the configuration sent, stored, the slice's route (None: env=prod), decided)
+    ("plain: labels in the slice, no holds", config(), {}, None, True),
+    (
+        "a stored label not configured, which the apply may keep",
+        config(),
+        {"labels": {"env": "prod", "x": "1"}},
+        None,
+        True,
+    ),
+    (
+        "a configured finalizer: the holds need the result",
+        config(finalizers=["f"]),
+        {},
+        None,
+        False,
+    ),
+    ("an empty finalizer list states none", config(finalizers=[]), {}, None, True),
+    ("a stored finalizer the apply may remove", config(), {"finalizers": ["f"]}, None, False),
+    ("a stored hold", config(), {"finalizers": ["f"], "annotations": holds(SID, "f")}, None, False),
+    (
+        "a stored holds annotation without finalizers",
+        config(),
+        {"annotations": holds(SID, "f")},
+        None,
+        False,
+    ),
+    (
+        "a configured proxy annotation: refused on the dry-run path",
+        config(annotations={RELEASE_ANNOTATION: "x"}),
+        {},
+        None,
+        False,
+    ),
+    (
+        "a configured holder label",
+        config(labels={"env": "prod", holder_label(SID): "x"}),
+        {},
+        None,
+        False,
+    ),
+    (
+        "a stored holder label",
+        config(),
+        {"labels": {"env": "prod", holder_label(OTHER): "x"}},
+        None,
+        False,
+    ),
+    (
+        "other annotations: no membership",
+        config(annotations={"a": "b"}),
+        {"annotations": {"c": "d"}},
+        None,
+        True,
+    ),
+    # notin: the stored tier=db is kept unless this manager alone owned it; the dry run decides.
+    (
+        "a stored label that excludes it, if the apply keeps it",
+        config(),
+        {"labels": {"env": "prod", "tier": "db"}},
+        NOT_IN,
+        False,
+    ),
+    (
+        "the configuration overrides that stored label",
+        config(labels={"env": "prod", "tier": "web"}),
+        {"labels": {"env": "prod", "tier": "db"}},
+        NOT_IN,
+        True,
+    ),
+    (
+        "a stored label the selector allows",
+        config(),
+        {"labels": {"env": "prod", "tier": "web"}},
+        NOT_IN,
+        True,
+    ),
+    ("a configuration outside the slice", config(labels={"env": "dev"}), {}, None, False),
+    ("labels that are not a map", {**config(), "metadata": {"labels": ["env"]}}, {}, None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "apply", "stored_kw", "route", "decided"), APPLY_CASES, ids=[c[0] for c in APPLY_CASES]
+)
+def test_an_apply_needs_no_dry_run_only_when_its_result_is_decided(
+    case: str, apply: dict[str, Any], stored_kw: dict[str, Any], route: Route | None, decided: bool
+) -> None:
+    t = target(Verb.PATCH)
+    if route is not None:
+        t = Target(t.api, route=route, member=Member(selector=route.selector, id=SID))
+    assert apply_result_decided(t, apply, stored(**stored_kw)) is decided

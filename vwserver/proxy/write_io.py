@@ -21,8 +21,11 @@
    still there, unchanged, gets kcp's 404 (a subresource kcp does not serve).
 
 Upstream requests per write: one when the cache has the object (update, status write, delete;
-a merge or JSON patch the proxy applies itself), two when it does not (a GET first), one GET
-and one write more per lost race.
+a merge or JSON patch the proxy applies itself; an apply whose result needs no dry run,
+:func:`vwserver.proxy.write_plan.apply_result_decided`), two when it does not (a GET first), one
+GET and one write more per lost race. Every write's answer is recorded in the cache
+(:func:`wrote`), so that a client's next write of the object is not checked against the older
+version the cache's stream may still show.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ log = logging.getLogger(__name__)
 Plan = Callable[[Stored | None], Decision]
 
 
-def _wrote(ctx: ProxyRequest, answer: bytes) -> None:
+def wrote(ctx: ProxyRequest, answer: bytes) -> None:
     """Tell the shared cache the version kcp answered a write with (an object of the
     request's scope, :meth:`ProxyRequest.check_answer` checked): the next write to the object
     is checked against it, not against the older version the stream may still show."""
@@ -127,7 +130,7 @@ async def from_kcp(ctx: ProxyRequest) -> Stored | web.StreamResponse | None:
     return Stored(head=head, body=body)
 
 
-def _check_admitted(ctx: ProxyRequest, answer: bytes) -> None:
+def check_admitted(ctx: ProxyRequest, answer: bytes) -> None:
     """The object kcp stored (its answer) is what the plan checked, unless kcp's mutating
     admission changed it after the check: webhooks and MutatingAdmissionPolicies of the
     APIExport's (the provider's) workspace run on every write through the virtual workspace
@@ -233,9 +236,9 @@ async def execute(
         raw = body if isinstance(body, bytes) else b""
         ctx.check_answer(status, raw, status_ok=method == "DELETE", written=not dry_run)
         if status in (200, 201) and not dry_run:
-            _wrote(ctx, raw)
+            wrote(ctx, raw)
         if status in (200, 201) and method != "DELETE" and not ctx.api.subresource and not dry_run:
-            _check_admitted(ctx, raw)
+            check_admitted(ctx, raw)
         if status == 200 and decision.leaving_since is not None:
             response.body = as_leaving(raw, decision.leaving_since)
         return response

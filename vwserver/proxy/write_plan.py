@@ -39,7 +39,13 @@ from typing import Any, Final
 import msgspec
 
 from vwserver.errors import BadRequest, Conflict, Invalid
-from vwserver.holds import hidden_by_relabel, leaving_since, sees
+from vwserver.holds import (
+    PROXY_ANNOTATIONS,
+    hidden_by_relabel,
+    is_holder_label,
+    leaving_since,
+    sees,
+)
 from vwserver.proxy import holding, patches
 from vwserver.proxy.context import WriteTarget
 from vwserver.proxy.filtering import UndecodableError, decode_head
@@ -216,6 +222,50 @@ def plan_patch(
     holds = holding.plan_patch(target, stored, result)
     send = holding.with_holds(send, holds, content_type=content_type, result=result)
     return Send(send, own_precondition=own)
+
+
+def apply_result_decided(
+    target: WriteTarget, apply: dict[str, Any] | list[Any], stored: Stored
+) -> bool:
+    """Whether a server-side apply of ``apply`` (already labelled for the slice, conditional
+    on ``stored``'s resourceVersion) keeps ``stored`` in the slice with its holds unchanged
+    *whatever the field ownership decides* — then it needs no dry run: the one conditional
+    write is sent as it is.
+
+    What an apply does to metadata, without mutating admission (the caller's condition): every
+    label, annotation and finalizer the configuration states is set to its value; of the
+    stored ones it does not state, those its field manager alone owned are removed and the rest
+    kept. kcp's answer is therefore between two bounds — the configuration's labels, and the
+    stored labels overridden by them — and each selector requirement names one key whose
+    value, when present, is known: a requirement that both bounds satisfy is satisfied by every
+    result. The holds stay out of it: no finalizer stored or configured (the result has none,
+    so no hold is added, removed or guarded), no proxy annotation and no holder label stored
+    or configured (the result has none either; a configured one is refused on the dry-run
+    path). Anything else keeps the dry run, whose result the proxy checks."""
+    if not isinstance(apply, dict):
+        return False
+    meta = apply.get("metadata")
+    if not isinstance(meta, dict):
+        return False
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if (
+        not isinstance(labels, dict)
+        or not isinstance(annotations, dict)
+        or meta.get("finalizers")
+        or any(is_holder_label(k) for k in labels)
+        or any(k in PROXY_ANNOTATIONS for k in annotations)
+    ):
+        return False
+    before = stored.metadata
+    stored_labels = before.labels or {}
+    if (
+        before.finalizers
+        or any(is_holder_label(k) for k in stored_labels)
+        or any(k in PROXY_ANNOTATIONS for k in before.annotations or {})
+    ):
+        return False
+    selector = target.route.selector
+    return selector.matches(labels) and selector.matches({**stored_labels, **labels})
 
 
 # --- the rules -------------------------------------------------------------------------------

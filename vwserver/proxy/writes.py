@@ -38,9 +38,13 @@ the rest of the stored object): one conditional write. Server-side apply (field 
 kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
 ``dryRun=All`` under the same precondition; if the result would be outside the slice the client
 gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
-saw, or fails with 409. With ``mutatingAdmission`` (the provider's workspace runs mutating
-admission, which kcp applies after the patch: :data:`vwserver.proxy.patches.ADMISSION`) merge
-and JSON patches take that path too, so that the result checked is the one kcp would store.
+saw, or fails with 409. An apply whose result stays in the slice whatever field ownership
+decides — its labels bound between the configuration's and the stored ones overridden by them,
+no finalizer, hold or holder label stored or configured
+(:func:`vwserver.proxy.write_plan.apply_result_decided`) — is the one conditional write. With
+``mutatingAdmission`` (the provider's workspace runs mutating admission, which kcp applies after
+the patch: :data:`vwserver.proxy.patches.ADMISSION`) merge and JSON patches take the dry-run path
+too, and every apply keeps its dry run, so that the result checked is the one kcp would store.
 
 CREATE adds the labels the slice's ``matchLabels`` (and single-value ``In``) require when they are
 absent, and refuses a conflicting value or a violated expression with a 422 naming the label.
@@ -319,9 +323,20 @@ async def _patch_with_dry_run(
                 )
         data = _encoder.encode(send)
         # First the dry run, whose result must stay in the slice; then (unless the client
-        # itself asked for a dry run) the real patch under the same precondition.
+        # itself asked for a dry run) the real patch under the same precondition. An apply
+        # whose result stays in the slice whatever its field ownership decides needs no dry run
+        # (write_plan.apply_result_decided): one conditional write.
+        runs: tuple[bool, ...] = (True,) if client_dry_run else (True, False)
+        if (
+            content_type == APPLY_PATCH
+            and not client_dry_run
+            and stored is not None
+            and not ctx.mutating_admission
+            and write_plan.apply_result_decided(ctx, send, stored)
+        ):
+            runs = (False,)
         lost = False
-        for dry_run in (True,) if client_dry_run else (True, False):
+        for dry_run in runs:
             run_query = [*query, ("dryRun", "All")] if dry_run and not client_dry_run else query
             async with ctx.upstream.request(
                 "PATCH", ctx.upstream_url, query=run_query, headers=headers, data=data
@@ -335,6 +350,11 @@ async def _patch_with_dry_run(
                 break  # the object changed since it was checked: check again, from kcp's read
             # A dry run's result and the patch's answer alike.
             ctx.check_answer(status, body, written=not dry_run)
+            if status in (200, 201) and not dry_run:
+                # The next write of the object is checked against this answer, not against the
+                # older version the cache's stream may still show (a 409 and a GET more).
+                write_io.wrote(ctx, body)
+                write_io.check_admitted(ctx, body)
             if status not in (200, 201) or not dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
             write_plan.check_result(body, ctx, stored)
