@@ -23,16 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import yaml
 
 from devenv.bootstrap import poll
-from devenv.kubeapi import KubeAPIServer, start_kube_apiserver
+from devenv.kubeapi import KubeAPIServer
 from devenv.shards import write_kubeconfig
 from tests.integration.test_chart_helm import CHART, CUSTOM, SYNCER_CHART
 
@@ -40,18 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 NEEDS_CRDS = {"Certificate", "ServiceMonitor"}
 
 Doc = dict[str, Any]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def kubeapi(
-    kube_apiserver_binary: Path, etcd_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[KubeAPIServer]:
-    async with start_kube_apiserver(
-        kube_apiserver=kube_apiserver_binary,
-        etcd=etcd_binary,
-        root_dir=tmp_path_factory.mktemp("kubeapi"),
-    ) as server:
-        yield server
 
 
 def kubectl(
