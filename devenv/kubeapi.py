@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from devenv.bootstrap import Workspace
 from devenv.kcp import KcpProcess, KubectlError, KubectlResult
 from devenv.shards import Pki, PkiServerProcess, make_pki, write_kubeconfig
 
@@ -116,6 +117,12 @@ class KubeAPIServer:
     ca: Path
     pki: Pki
     root_dir: Path
+
+    def as_workspace(self) -> Workspace:
+        """This server where the syncer tests expect a downstream workspace: ``url`` is the
+        server's (its API root, as a workspace URL is), ``name``/``path`` say
+        ``kube-apiserver``, and there is no logical cluster."""
+        return Workspace(name="kube-apiserver", path="kube-apiserver", cluster="", url=self.url)
 
     def http_session(
         self, *, token: str | None = None, timeout: float = 30.0

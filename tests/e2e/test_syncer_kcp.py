@@ -225,8 +225,8 @@ async def _setup(
     kubeapi: tuple[KubeAPIServer, aiohttp.ClientSession] | None = None,
 ) -> SyncWorld:
     """The world on ``kcp``; its downstream cluster is a new workspace, or, with ``kubeapi``,
-    that kube-apiserver (and its admin session): then ``downstream`` is not a workspace but its
-    stand-in (``url``: the server's URL, ``path``/``name``: ``kube-apiserver``, no cluster)."""
+    that kube-apiserver (and its admin session): then ``downstream`` is its stand-in
+    (:meth:`~devenv.kubeapi.KubeAPIServer.as_workspace`)."""
     tag = uuid.uuid4().hex[:5]
     roles = ("provider", "a", "b") if kubeapi else ("provider", "a", "b", "down")
     names = {r: f"sync-{tag}-{r}" for r in roles}
@@ -272,9 +272,7 @@ async def _setup(
         kcp.write_admin_kubeconfig(directory / "downstream.kubeconfig", server=downstream.url)
     else:
         server, _ = kubeapi
-        downstream = Workspace(
-            name="kube-apiserver", path="kube-apiserver", cluster="", url=server.url
-        )
+        downstream = server.as_workspace()
         crd = MANIFESTS / "downstream-crd.yaml"
         await server.kubectl("apply", "--server-side", "--validate=strict", "-f", str(crd))
         shutil.copyfile(server.kubeconfig, directory / "downstream.kubeconfig")
