@@ -209,8 +209,8 @@ async def test_syncer_rbac_is_what_the_syncer_needs(
     TokenRequest token of its ServiceAccount (what kubelet mounts): every verb of every rule is
     granted by the real RBAC authorizer — cluster-wide for the synced resources, the Lease only
     in the release's namespace — and nothing beyond (the copies' Secrets, updating namespaces,
-    another namespace's Leases). The same rules run a syncer against kcp in
-    tests/e2e/test_syncer_deploy_kcp.py."""
+    another namespace's Leases). The same rules run a syncer between kcp and a kube-apiserver
+    in tests/e2e/test_syncer_deploy_kcp.py."""
     namespace = "syncer-rbac"
     docs = helm_template_chart(helm, tmp_path, chart=SYNCER_CHART, namespace=namespace)
     assert_applied_cleanly(kubeapi, [restricted_namespace(namespace), *docs])
