@@ -148,7 +148,8 @@ class KubeAPIServer:
         timeout: float = 60.0,  # noqa: ASYNC109 - a default bound so no kubectl call can hang
     ) -> KubectlResult:
         """kubectl as the admin; :class:`KubectlError` (its stderr) when it fails."""
-        argv = ["kubectl", f"--kubeconfig={self.kubeconfig}", *args]
+        cache = f"--cache-dir={self.root_dir / 'kubectl-cache'}"  # not the user's ~/.kube
+        argv = ["kubectl", f"--kubeconfig={self.kubeconfig}", cache, *args]
         # subprocess.run kills kubectl when the timeout expires
         done = await asyncio.to_thread(
             subprocess.run, argv, input=input, capture_output=True, text=True, timeout=timeout
