@@ -16,14 +16,20 @@ certificates made by ``trustme`` (:func:`devenv.shards.make_pki`): a serving cer
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
+import ssl
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from devenv.kcp import KcpProcess
+import aiohttp
+
+from devenv.bootstrap import Workspace
+from devenv.kcp import KcpProcess, KubectlError, KubectlResult
 from devenv.shards import Pki, PkiServerProcess, make_pki, write_kubeconfig
 
 __all__ = ["KubeAPIServer", "start_kube_apiserver"]
@@ -111,6 +117,49 @@ class KubeAPIServer:
     ca: Path
     pki: Pki
     root_dir: Path
+
+    def as_workspace(self) -> Workspace:
+        """This server where the syncer tests expect a downstream workspace: ``url`` is the
+        server's (its API root, as a workspace URL is), ``name``/``path`` say
+        ``kube-apiserver``, and there is no logical cluster."""
+        return Workspace(name="kube-apiserver", path="kube-apiserver", cluster="", url=self.url)
+
+    def http_session(
+        self, *, token: str | None = None, timeout: float = 30.0
+    ) -> aiohttp.ClientSession:
+        """A new session verifying the server's CA, as the admin (client certificate) or, with
+        ``token``, as that bearer token's user (no client certificate then). The caller owns it."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        headers = {}
+        if token is None:
+            context.load_cert_chain(self.pki.shard_admin.cert, self.pki.shard_admin.key)
+        else:
+            headers["Authorization"] = f"Bearer {token}"
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        )
+
+    async def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        timeout: float = 60.0,  # noqa: ASYNC109 - a default bound so no kubectl call can hang
+    ) -> KubectlResult:
+        """kubectl as the admin; :class:`KubectlError` (its stderr) when it fails."""
+        cache = f"--cache-dir={self.root_dir / 'kubectl-cache'}"  # not the user's ~/.kube
+        argv = ["kubectl", f"--kubeconfig={self.kubeconfig}", cache, *args]
+        # subprocess.run kills kubectl when the timeout expires
+        done = await asyncio.to_thread(
+            subprocess.run, argv, input=input, capture_output=True, text=True, timeout=timeout
+        )
+        result = KubectlResult(
+            args=args, returncode=done.returncode, stdout=done.stdout, stderr=done.stderr
+        )
+        if result.returncode != 0:
+            raise KubectlError(result)
+        return result
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,8 @@ provider would assemble them, so that it shows the product and proves those piec
 * vwserver's API bound in the provider, a FilteredAPIExportEndpointSlice ``mongodb-eu``
   (``region=eu``) there, and ``vwserver serve`` in kcp mode serving it over TLS (the same process
   and files as ``make run``, :func:`devenv.demo.start_vwserver`);
-* the downstream "cluster": a kcp workspace with the plain CRD of
+* the downstream cluster: a kcp workspace (``make run-sync``) or a real kube-apiserver
+  (:mod:`devenv.kubeapi`, which the e2e test runs too), with the plain CRD of
   ``config/syncer/downstream-crd.yaml``, and a small operator in it
   (:class:`devenv.mongo_operator.MongoOperator`, in this process);
 * ``vwserver sync`` as its own process, with a config written next to vwserver's, shaped like
@@ -62,8 +63,10 @@ from devenv.demo import (
     story_main,
 )
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
+from devenv.kubeapi import KubeAPIServer
 from devenv.mongo_operator import API, PLURAL, MongoOperator
 from devenv.slices import bind_api, install_api, slice_manifest
+from vwserver.files import write_private
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
 
@@ -112,10 +115,20 @@ class StoryNames:
 class SyncWorld:
     provider: Workspace
     consumers: tuple[Workspace, ...]
-    #: The downstream "cluster".
+    #: The downstream cluster: a kcp workspace, or :attr:`kubeapi`'s stand-in
+    #: (:meth:`~devenv.kubeapi.KubeAPIServer.as_workspace`).
     downstream: Workspace
     #: Where vwserver's APIExport lives.
     api: Workspace
+    #: The downstream cluster when it is a real kube-apiserver.
+    kubeapi: KubeAPIServer | None = None
+
+    @property
+    def downstream_shown(self) -> str:
+        """The downstream cluster, as the printed text names it."""
+        if self.kubeapi is not None:
+            return f"the kube-apiserver at {self.kubeapi.url}"
+        return f"workspace {self.downstream.path}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +180,10 @@ def story_lines(
     team = world.consumers[0]
     kc = shlex.quote(str(kcp.kubeconfig))
     consumer = f"kubectl --kubeconfig {kc} --server {team.url}"
-    downstream = f"kubectl --kubeconfig {kc} --server {world.downstream.url}"
+    if world.kubeapi is None:
+        downstream = f"kubectl --kubeconfig {kc} --server {world.downstream.url}"
+    else:
+        downstream = f"kubectl --kubeconfig {shlex.quote(str(world.kubeapi.kubeconfig))}"
     provider = f"kubectl --kubeconfig {kc} --server {world.provider.url}"
     db = f"{PLURAL} {sample.name} -n {sample.namespace}"
     selector = ",".join(f"{k}={v}" for k, v in SLICE_LABELS.items())
@@ -208,7 +224,7 @@ def story_lines(
         DemoLine(
             key="downstream",
             shows=(
-                f"the copy in the downstream cluster (workspace {world.downstream.path}), in a "
+                f"the copy in the downstream cluster ({world.downstream_shown}), in a "
                 "namespace per source workspace and namespace,",
                 "with the operator's mongoUri, which the syncer keeps there (statusExclude):",
             ),
@@ -246,7 +262,7 @@ def story_text(
     out = [
         "",
         f"vwserver serves slice {SLICE} of {EXPORT} at {endpoint}",
-        f"syncer {SYNCER} syncs it from {sources} into {world.downstream.path}, where an "
+        f"syncer {SYNCER} syncs it from {sources} into {world.downstream_shown}, where an "
         "operator writes status",
     ]
     for line in story_lines(kcp=kcp, world=world, sample_file=sample_file, sample=sample):
@@ -256,6 +272,11 @@ def story_text(
         f"configs: {run_dir}/vwserver.yaml {run_dir}/syncer.yaml   vwserver: {base}   "
         f"syncer health and metrics: {health}",
         f"kcp admin kubeconfig: {kcp.kubeconfig}",
+        *(
+            [f"downstream admin kubeconfig: {world.kubeapi.kubeconfig}"]
+            if world.kubeapi is not None
+            else []
+        ),
         "Ctrl-C stops the syncer, the operator, vwserver and kcp.",
     ]
     return "\n".join(out)
@@ -270,11 +291,13 @@ async def bootstrap_sync(
     names: StoryNames = StoryNames(),
     *,
     api_workspace: str = API_WORKSPACE,
+    kubeapi: KubeAPIServer | None = None,
     within: float = SETUP,
 ) -> SyncWorld:
-    """Provider, consumers, downstream workspace, vwserver's API and the slice. Idempotent (every
-    step is a server-side apply); every wait bounded by ``within``."""
-    all_names = (names.provider, *names.consumers, names.downstream)
+    """Provider, consumers, downstream workspace (none with ``kubeapi``: the downstream cluster
+    then), vwserver's API and the slice. Idempotent (every step is a server-side apply); every
+    wait bounded by ``within``."""
+    all_names = (names.provider, *names.consumers, *([] if kubeapi else [names.downstream]))
     workspaces = {
         "apiVersion": "v1",
         "kind": "List",
@@ -285,7 +308,7 @@ async def bootstrap_sync(
     }
     await apply_retrying(kcp, kcp.cluster_url("root"), json.dumps(workspaces), within=within)
     ready = await asyncio.gather(*(wait_workspace_ready(kcp, n, within=within) for n in all_names))
-    provider, *consumers, downstream = ready
+    provider, *consumers = ready[: 1 + len(names.consumers)]
 
     # The API, its export, and a binding in each consumer.
     await apply_retrying(kcp, provider.url, MANIFESTS / "provider.yaml", within=within)
@@ -317,9 +340,17 @@ async def bootstrap_sync(
     await apply_retrying(kcp, provider.url, manifest, within=within)
 
     # The downstream cluster's CRD, served and in discovery (the syncer checks discovery).
-    await apply_retrying(kcp, downstream.url, MANIFESTS / "downstream-crd.yaml", within=within)
+    crd = MANIFESTS / "downstream-crd.yaml"
+    if kubeapi is None:
+        downstream = ready[-1]
+        await apply_retrying(kcp, downstream.url, crd, within=within)
+        session = kcp.http_session(timeout=10)
+    else:
+        downstream = kubeapi.as_workspace()
+        await kubeapi.kubectl("apply", "--server-side", "--validate=strict", "-f", str(crd))
+        session = kubeapi.http_session(timeout=10)
 
-    async with kcp.http_session(timeout=10) as session:
+    async with session:
 
         async def discovered() -> bool | None:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -331,7 +362,13 @@ async def bootstrap_sync(
             return None
 
         await poll(f"{RESOURCE} in {downstream.path}'s discovery", discovered, within=within)
-    return SyncWorld(provider=provider, consumers=tuple(consumers), downstream=downstream, api=api)
+    return SyncWorld(
+        provider=provider,
+        consumers=tuple(consumers),
+        downstream=downstream,
+        api=api,
+        kubeapi=kubeapi,
+    )
 
 
 async def _bound(kcp: KcpInstance, server: str) -> bool | None:
@@ -346,12 +383,17 @@ async def _bound(kcp: KcpInstance, server: str) -> bool | None:
 def write_syncer_files(run_dir: Path, *, kcp: KcpInstance, world: SyncWorld) -> Path:
     """The syncer's kubeconfigs and config (next to vwserver's ``ca.crt``); returns the config.
 
-    Both identities are kcp-admin: towards kcp (the slice, and the endpoints, which vwserver
-    authorizes with kcp) and in the downstream workspace.
+    Both identities are admins: kcp-admin towards kcp (the slice, and the endpoints, which
+    vwserver authorizes with kcp), and in the downstream cluster kcp-admin or the
+    kube-apiserver's admin (a client certificate; the kubeconfig names its files).
     """
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     kcp.write_admin_kubeconfig(run_dir / "kcp.kubeconfig", server=kcp.url)
-    kcp.write_admin_kubeconfig(run_dir / "downstream.kubeconfig", server=world.downstream.url)
+    downstream_kubeconfig = run_dir / "downstream.kubeconfig"
+    if world.kubeapi is None:
+        kcp.write_admin_kubeconfig(downstream_kubeconfig, server=world.downstream.url)
+    else:
+        write_private(downstream_kubeconfig, world.kubeapi.kubeconfig.read_text())
     config = {
         "name": SYNCER,
         "upstream": {
@@ -472,6 +514,7 @@ async def seed_story(
     port: int,
     names: StoryNames = StoryNames(),
     api_workspace: str = API_WORKSPACE,
+    kubeapi: KubeAPIServer | None = None,
     ready_after: float = 3.0,
     log: TextIO | None = None,
     say: Callable[[str], None] | None = None,
@@ -483,8 +526,9 @@ async def seed_story(
     ``port``: vwserver's (if free; 0: any). ``log``: where vwserver's and the syncer's logs go
     (default: our stderr). ``say``: where the operator's lines go (default: our stderr).
     ``ready_after``: seconds the operator reports a new database Pending before Running.
+    ``kubeapi``: the downstream cluster (default: a workspace of ``kcp``).
     """
-    world = await bootstrap_sync(kcp, names, api_workspace=api_workspace)
+    world = await bootstrap_sync(kcp, names, api_workspace=api_workspace, kubeapi=kubeapi)
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     async with contextlib.AsyncExitStack() as stack:
         process, base = await stack.enter_async_context(
@@ -492,7 +536,10 @@ async def seed_story(
         )
         endpoint = await served_endpoint(kcp, world.provider, SLICE, base=base)
 
-        auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+        if kubeapi is None:
+            auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+        else:
+            auth = await load_kubeconfig(kubeapi.kubeconfig)
         client = await stack.enter_async_context(KubeClient(auth=auth))
         operator = MongoOperator(
             client, cluster_url=world.downstream.url, ready_after=ready_after, say=say

@@ -5,9 +5,9 @@
   cloud CLIs are;
 * :func:`in_cluster` — what a pod sees: ``KUBERNETES_SERVICE_HOST``/``_PORT`` naming an
   API server over TLS, and a ServiceAccount directory with ``token`` and ``ca.crt``. The API
-  server is a kcp workspace behind a small TLS front (in-cluster configuration has no path, and
-  kcp needs ``/clusters/<workspace>``): it forwards every request, its bearer token unchanged,
-  and records the tokens it saw.
+  server (a kcp workspace or a real kube-apiserver) is behind a small TLS front (in-cluster
+  configuration has no path, and kcp needs ``/clusters/<workspace>``): it forwards every
+  request, its bearer token unchanged, and records the tokens it saw.
 """
 
 from __future__ import annotations
@@ -119,10 +119,11 @@ _RETURNED = ("Content-Type",)
 
 @contextlib.asynccontextmanager
 async def in_cluster(
-    kcp: KcpInstance, *, workspace_url: str, token: str, directory: Path
+    *, api_url: str, ca_file: Path, token: str, directory: Path
 ) -> AsyncIterator[InCluster]:
-    """An API server at ``https://127.0.0.1:<port>`` that is the workspace ``workspace_url``,
-    and a ServiceAccount directory holding ``token`` and the front's CA."""
+    """An API server at ``https://127.0.0.1:<port>`` that is ``api_url`` (a kcp workspace's
+    URL, or a kube-apiserver's: the front then only records the tokens), verified with
+    ``ca_file``, and a ServiceAccount directory holding ``token`` and the front's CA."""
     ca = trustme.CA()
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
@@ -132,8 +133,8 @@ async def in_cluster(
     (sa / "token").write_text(token)
     (sa / "namespace").write_text("default")
     state = InCluster(environ={}, service_account_dir=sa, token=token)
-    upstream_ctx = ssl.create_default_context(cafile=str(kcp.ca_file))
-    target = workspace_url.rstrip("/")
+    upstream_ctx = ssl.create_default_context(cafile=str(ca_file))
+    target = api_url.rstrip("/")
 
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=upstream_ctx),

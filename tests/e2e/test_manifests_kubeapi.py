@@ -23,16 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import yaml
 
 from devenv.bootstrap import poll
-from devenv.kubeapi import KubeAPIServer, start_kube_apiserver
+from devenv.kubeapi import KubeAPIServer
 from devenv.shards import write_kubeconfig
 from tests.integration.test_chart_helm import CHART, CUSTOM, SYNCER_CHART
 
@@ -40,18 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 NEEDS_CRDS = {"Certificate", "ServiceMonitor"}
 
 Doc = dict[str, Any]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def kubeapi(
-    kube_apiserver_binary: Path, etcd_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[KubeAPIServer]:
-    async with start_kube_apiserver(
-        kube_apiserver=kube_apiserver_binary,
-        etcd=etcd_binary,
-        root_dir=tmp_path_factory.mktemp("kubeapi"),
-    ) as server:
-        yield server
 
 
 def kubectl(
@@ -223,8 +209,8 @@ async def test_syncer_rbac_is_what_the_syncer_needs(
     TokenRequest token of its ServiceAccount (what kubelet mounts): every verb of every rule is
     granted by the real RBAC authorizer — cluster-wide for the synced resources, the Lease only
     in the release's namespace — and nothing beyond (the copies' Secrets, updating namespaces,
-    another namespace's Leases). The same rules run a syncer against kcp in
-    tests/e2e/test_syncer_deploy_kcp.py."""
+    another namespace's Leases). The same rules run a syncer between kcp and a kube-apiserver
+    in tests/e2e/test_syncer_deploy_kcp.py."""
     namespace = "syncer-rbac"
     docs = helm_template_chart(helm, tmp_path, chart=SYNCER_CHART, namespace=namespace)
     assert_applied_cleanly(kubeapi, [restricted_namespace(namespace), *docs])

@@ -6,7 +6,13 @@ prints them (:func:`~devenv.seed_story.story_text`) and this module runs each on
 :func:`~devenv.seed_story.seed_story` — the code ``make run-sync`` runs — on the session's kcp:
 real ``vwserver serve`` in kcp mode serving the slice, real ``vwserver sync`` as a process, the
 operator of :mod:`devenv.mongo_operator`. Workspace names are unique to this run. What each line
-shows is checked against what kcp holds (read as kcp-admin, past vwserver and the syncer).
+shows is checked against what kcp and the downstream cluster hold (read as their admins, past
+vwserver and the syncer).
+
+The story runs twice: with a kcp workspace as the downstream cluster (what ``make run-sync``
+starts and prints), and with a real kube-apiserver (:mod:`devenv.kubeapi`, no kubelet): the
+syncer's copies, namespaces and Lease then meet a real cluster's API and admission, and the
+printed downstream lines name its kubeconfig.
 
 vwserver's API is installed in ``root:vwserver-api``, the workspace the controller tests use (see
 tests/e2e/test_demo_lines_kcp.py).
@@ -28,6 +34,7 @@ import pytest_asyncio
 
 from devenv.demo import DemoLine, shown_path
 from devenv.kcp import KcpInstance
+from devenv.kubeapi import KubeAPIServer, start_kube_apiserver
 from devenv.mongo_operator import mongo_uri
 from devenv.seed_story import (
     EXPORT,
@@ -67,9 +74,29 @@ class Printed:
     said: list[str]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
+@contextlib.asynccontextmanager
+async def downstream_cluster(
+    kind: str, *, kube_apiserver: Path, etcd: Path, root_dir: Path
+) -> AsyncIterator[KubeAPIServer | None]:
+    """None: a kcp workspace is the downstream cluster; else a kube-apiserver, stopped after."""
+    if kind == "workspace":
+        yield None
+        return
+    async with start_kube_apiserver(
+        kube_apiserver=kube_apiserver, etcd=etcd, root_dir=root_dir
+    ) as server:
+        yield server
+
+
+@pytest_asyncio.fixture(
+    scope="module", loop_scope="session", params=["workspace", "kube-apiserver"]
+)
 async def story(
-    kcp: KcpInstance, tmp_path_factory: pytest.TempPathFactory
+    kcp: KcpInstance,
+    kube_apiserver_binary: Path,
+    etcd_binary: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Printed]:
     cwd = tmp_path_factory.mktemp("seed-story")  # where the user started `make run-sync`
     run_dir = cwd / ".run" / "sync"
@@ -77,16 +104,25 @@ async def story(
     said: list[str] = []
     sample = sample_database()
     with log.open("w") as sink:
-        async with seed_story(
-            kcp,
-            run_dir=run_dir,
-            port=0,
-            names=StoryNames.unique(),
-            api_workspace=API_WS,
-            ready_after=2.0,
-            log=sink,
-            say=said.append,
-        ) as running:
+        async with (
+            downstream_cluster(
+                request.param,
+                kube_apiserver=kube_apiserver_binary,
+                etcd=etcd_binary,
+                root_dir=cwd / "kubeapi",
+            ) as kubeapi,
+            seed_story(
+                kcp,
+                run_dir=run_dir,
+                port=0,
+                names=StoryNames.unique(),
+                api_workspace=API_WS,
+                kubeapi=kubeapi,
+                ready_after=2.0,
+                log=sink,
+                say=said.append,
+            ) as running,
+        ):
             try:
                 kwargs: dict[str, Any] = {
                     "kcp": kcp,
@@ -177,10 +213,18 @@ def copy_namespace(printed: Printed) -> str:
     return downstream_namespace(ws.cluster, printed.sample.namespace, prefix=NAMESPACE_PREFIX)
 
 
+async def downstream_get(printed: Printed, *args: str) -> dict[str, Any] | None:
+    """An object (or list) as the downstream cluster's admin reads it; None when missing."""
+    world = printed.story.world
+    if world.kubeapi is None:
+        return await kcp_get(printed, world.downstream.url, *args)
+    result = await world.kubeapi.kubectl("get", *args, "-o", "json", "--ignore-not-found")
+    return json.loads(result.stdout) if result.stdout.strip() else None
+
+
 async def downstream_copy(printed: Printed) -> dict[str, Any] | None:
-    down = printed.story.world.downstream.url
     namespace = copy_namespace(printed)
-    return await kcp_get(printed, down, PLURAL, printed.sample.name, "-n", namespace)
+    return await downstream_get(printed, PLURAL, printed.sample.name, "-n", namespace)
 
 
 async def eventually(what: str, probe: Callable[[], Any], *, within: float = TIMEOUT) -> Any:
@@ -334,7 +378,7 @@ async def test_a_database_outside_the_slice_is_not_synced(story: Printed) -> Non
         assert other is not None
         assert not other["metadata"].get("finalizers")
         assert not other.get("status")
-        copies = await kcp_get(story, story.story.world.downstream.url, PLURAL, "-A")
+        copies = await downstream_get(story, PLURAL, "-A")
         names = [i["metadata"]["name"] for i in (copies or {}).get("items", [])]
         assert "same-region" in names and "other-region" not in names
     finally:

@@ -1,17 +1,18 @@
-"""The syncer's deployment (``manifests/syncer``) against real kcp: its RBAC is sufficient and used.
+"""The syncer's deployment (``manifests/syncer``) between real kcp and a real Kubernetes API server.
 
-kcp has no Deployments or pods, but its workspaces serve ServiceAccounts, RBAC and TokenRequest
-(this module fails if they do not). So, on the session's kcp, with the syncer world of
-``tests/e2e/test_syncer_kcp.py`` (provider exporting the MongoDBCommunity-like API, two consumers,
-a *downstream* workspace with the plain CRD and a fake operator writing status there):
+The syncer is deployed in its downstream cluster, so that cluster is a real kube-apiserver here
+(``devenv/kubeapi.py``: etcd + kube-apiserver, no kubelet — the API objects are what is
+checked), with the syncer world of ``tests/e2e/test_syncer_kcp.py`` on the session's kcp
+(provider exporting the MongoDBCommunity-like API, two consumers) and, in the kube-apiserver,
+the plain CRD of ``config/syncer/downstream-crd.yaml`` and a fake operator writing status:
 
-* **downstream**: the RBAC objects rendered by ``kubectl kustomize manifests/syncer`` (Namespace,
-  ServiceAccount, ClusterRole + binding, Role + binding — not the Deployment) are applied to the
-  downstream workspace, a token of the ServiceAccount is requested, and the syncer runs in-process
-  with ``downstream: {inCluster: true}``: the token and a CA at ServiceAccount paths,
-  ``KUBERNETES_SERVICE_HOST``/``_PORT`` naming the workspace (behind the TLS front of
-  ``tests/e2e/credentials.py``: an in-cluster address has no path, kcp needs ``/clusters/<ws>``;
-  the front forwards the token unchanged, so kcp authorizes every request as the ServiceAccount);
+* **downstream**: everything ``kubectl kustomize manifests/syncer`` renders is applied to the
+  kube-apiserver with server-side strict validation — the Deployment too (nothing runs it);
+  a TokenRequest token of the ServiceAccount the Deployment's pod template names is requested,
+  and the syncer runs in-process as that pod would: ``downstream: {inCluster: true}``, the token
+  and a CA at ServiceAccount paths, ``KUBERNETES_SERVICE_HOST``/``_PORT`` naming the server
+  (behind the TLS front of ``tests/e2e/credentials.py``, which forwards the token unchanged and
+  records it: the real RBAC authorizer judges every request as the ServiceAccount);
 * **upstream**: as the ConfigMap says — ``endpointSlice: FilteredAPIExportEndpointSlice`` read
   from kcp (the CRD of ``manifests/crd/``, its status pointing at an in-process vwserver proxy
   with real delegated authentication: TokenReview and SubjectAccessReview in the slice's
@@ -22,7 +23,7 @@ a *downstream* workspace with the plain CRD and a fake operator writing status t
 
 The shipped grants must carry a full round trip, deletion, and a Warning Event for an object
 that leaves the view. Each ClusterRole rule removed in turn (and ``patch`` removed upstream) must
-fail visibly: kcp's 403 naming the missing resource shows up in the syncer's error, its
+fail visibly: the downstream's 403 naming the missing resource shows up in the syncer's error, its
 ``/readyz``, the kcp object's ``Synced`` condition or its warning log — and the work that rule
 is for is not done.
 """
@@ -47,6 +48,7 @@ import yaml
 
 from devenv.bootstrap import Workspace, apply_retrying, poll
 from devenv.kcp import KcpInstance
+from devenv.kubeapi import KubeAPIServer
 from tests.e2e.credentials import InCluster, in_cluster
 from tests.e2e.test_syncer_kcp import (
     EXPORT,
@@ -78,6 +80,7 @@ REPO = Path(__file__).resolve().parents[2]
 SLICE_CRD = REPO / "manifests" / "crd" / "filteredapiexportendpointslices.yaml"
 UPSTREAM_RBAC = REPO / "manifests" / "rbac" / "syncer-upstream.yaml"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+FIELD_MANAGER = "vwserver-tests"
 
 Doc = dict[str, Any]
 
@@ -155,6 +158,8 @@ def cluster_role_resources(base: Base) -> list[str]:
 class Deployed:
     world: SyncWorld
     base: Base
+    kubeapi: KubeAPIServer
+    """The downstream cluster (``world.downstream`` is its stand-in)."""
     slice_name: str
     upstream_kubeconfig: Path
     """The syncer's kcp identity: a ServiceAccount of the slice's workspace with exactly
@@ -174,45 +179,37 @@ class Deployed:
         raw["health"] = {**raw["health"], "host": "127.0.0.1", "port": 0}
         return parse_syncer_config(raw, base_dir=self.world.dir)
 
-    async def service_account_token(self, sa: str, namespace: str, server: str) -> str:
-        """A TokenRequest token (what kubelet mounts), retried while the ServiceAccount is new."""
-
-        async def token() -> str | None:
-            result = await self.kcp.kubectl(
-                "create", "token", sa, "-n", namespace, "--duration=1h", server=server
-            )
-            return result.stdout.strip() or None
-
-        return await poll(f"a token of {namespace}/{sa}", token, within=SETUP)
+    async def service_account_token(self, sa: str, namespace: str) -> str:
+        """A TokenRequest token (what kubelet mounts) from the downstream cluster."""
+        result = await self.kubeapi.kubectl("create", "token", sa, "-n", namespace, "--duration=1h")
+        return result.stdout.strip()
 
     async def install_downstream(self, *, without: str | None = None) -> tuple[str, str]:
-        """Apply the rendered RBAC (``without`` one ClusterRole rule) to the downstream
-        workspace; wait until kcp enforces it; the ServiceAccount's name and token."""
+        """Apply the rendered RBAC (``without`` one ClusterRole rule; the full base, Deployment
+        included, when None) to the downstream cluster; wait until its authorizer enforces it;
+        the ServiceAccount's name and token."""
         sa, docs = self.base.rbac(without=without)
-        down = self.world.downstream
-        items = [self.base.docs["Namespace"], *docs]
-        await apply_retrying(
-            self.kcp,
-            down.url,
-            json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
-            within=SETUP,
-        )
-        token = await self.service_account_token(sa, self.base.namespace, down.url)
+        items = list(self.base.docs.values()) if without is None else docs
+        await self.kubeapi.kubectl(
+            "apply", "--server-side", "--validate=strict", f"--field-manager={FIELD_MANAGER}",
+            "-f", "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )  # fmt: skip
+        token = await self.service_account_token(sa, self.base.namespace)
         (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-        await wait_enforced(self.kcp, down.url, token, self.base, cluster_role, without=without)
+        await wait_enforced(self.kubeapi, token, self.base, cluster_role, without=without)
         return sa, token
 
 
 async def wait_enforced(
-    kcp: KcpInstance,
-    server: str,
+    kubeapi: KubeAPIServer,
     token: str,
     base: Base,
     cluster_role: Doc,
     *,
     without: str | None,
 ) -> None:
-    """Until kcp's authorizer answers, for the token (SelfSubjectAccessReview), yes to every
+    """Until the downstream's authorizer answers, for the token (SelfSubjectAccessReview), yes to every
     verb of every rule we applied and no to the removed rule's: a start before the bindings took
     effect would show 403s that are not the removed rule's."""
     checks: list[tuple[Doc, bool]] = []
@@ -235,8 +232,8 @@ async def wait_enforced(
                 "namespace": base.namespace,
             }
             checks.append((attrs, True))
-    url = f"{server}/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-    async with kcp.http_session(token=token, timeout=10) as session:
+    url = f"{kubeapi.url}/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    async with kubeapi.http_session(token=token, timeout=10) as session:
 
         async def enforced() -> bool | None:
             for attrs, expected in checks:
@@ -252,7 +249,7 @@ async def wait_enforced(
                     return None
             return True
 
-        await poll("kcp to enforce the applied RBAC", enforced, within=SETUP)
+        await poll("the downstream to enforce the applied RBAC", enforced, within=SETUP)
 
 
 async def upstream_identity(
@@ -303,12 +300,14 @@ async def upstream_identity(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def deployed(
-    kcp: KcpInstance, tmp_path_factory: pytest.TempPathFactory
+    kcp: KcpInstance, kubeapi: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Deployed]:
     base = render_base()
     slice_name = yaml.safe_load(base.config_text)["upstream"]["endpointSlice"]["name"]
-    async with kcp.http_session(timeout=30) as session:
-        world = await _setup(kcp, tmp_path_factory.mktemp("syncer-deploy"), session)
+    async with kcp.http_session(timeout=30) as session, kubeapi.http_session() as down:
+        world = await _setup(
+            kcp, tmp_path_factory.mktemp("syncer-deploy"), session, kubeapi=(kubeapi, down)
+        )
         provider = world.provider
         # vwserver in front of the export, serving the slice (region=eu) with real delegated
         # authentication: kcp reviews the syncer's token and its grant on the slice.
@@ -357,7 +356,7 @@ async def deployed(
                 )
                 operator = asyncio.create_task(FakeMongoOperator(world).run())
                 try:
-                    yield Deployed(world, base, slice_name, upstream)
+                    yield Deployed(world, base, kubeapi, slice_name, upstream)
                 finally:
                     operator.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -372,9 +371,9 @@ async def deployed(
 async def pod(
     deployed: Deployed, token: str, directory: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[InCluster]:
-    """The pod's view of the downstream workspace: env and ServiceAccount directory."""
+    """The pod's view of the downstream cluster: env and ServiceAccount directory."""
     async with in_cluster(
-        deployed.kcp, workspace_url=deployed.world.downstream.url, token=token, directory=directory
+        api_url=deployed.kubeapi.url, ca_file=deployed.kubeapi.ca, token=token, directory=directory
     ) as view:
         for key, value in view.environ.items():
             monkeypatch.setenv(key, value)
@@ -414,7 +413,7 @@ async def readyz(syncer: Syncer) -> tuple[int, str]:
 
 
 def forbidden(text: str, resource: str) -> bool:
-    """kcp's 403 for ``resource``: ``... is forbidden: User "..." cannot get resource "<r>" ...``"""
+    """The API server's 403 for ``resource``: ``... is forbidden: User "..." cannot get resource "<r>" ...``"""
     return "forbidden" in text.lower() and f'resource "{resource}"' in text
 
 
@@ -448,20 +447,30 @@ async def evidence(
 async def test_shipped_rbac_and_config_sync_through_the_slice(
     deployed: Deployed, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Exactly the rendered downstream RBAC, the upstream example grant and the ConfigMap's
-    config: an object goes down, its status up (``Synced=True``), deleting it cleans up both
+    """Exactly the rendered downstream objects (RBAC, Deployment ...) applied to a real
+    kube-apiserver, the Deployment's ServiceAccount's token, the upstream example grant and the
+    ConfigMap's config: an object goes down, its status up (``Synced=True``), deleting it cleans up both
     sides; one relabelled out of the slice leaves a ``FinalizerStuck`` Event downstream; the
     Lease is in the Role's namespace; every downstream request carried the token."""
     world, base = deployed.world, deployed.base
     ws = world.consumers["a"]
-    _, token = await deployed.install_downstream()
+    sa, token = await deployed.install_downstream()
+    # the token is the one the Deployment's pods would mount, and the server kept the Deployment
+    deployment = base.docs["Deployment"]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == sa and pod_spec["automountServiceAccountToken"]
+    stored = await world.get(
+        f"{world.downstream.url}/apis/apps/v1/namespaces/{base.namespace}/deployments/"
+        f"{deployment['metadata']['name']}"
+    )
+    assert stored is not None and stored["spec"]["template"]["spec"]["serviceAccountName"] == sa
     async with (
         pod(deployed, token, tmp_path, monkeypatch) as view,
         running(world, deployed.config(), service_account_dir=view.service_account_dir) as syncer,
     ):
         assert await readyz(syncer) == (200, "ok")
         lease_url = (
-            f"{world.kcp.url}/clusters/{world.downstream.path}/apis/coordination.k8s.io/v1/"
+            f"{world.downstream.url}/apis/coordination.k8s.io/v1/"
             f"namespaces/{base.namespace}/leases/{syncer.config.lease_name}"
         )
         lease = await world.get(lease_url)
@@ -508,10 +517,7 @@ async def test_shipped_rbac_and_config_sync_through_the_slice(
 
 async def stuck_event(world: SyncWorld, ws: Workspace, name: str) -> Doc | None:
     """The ``FinalizerStuck`` Event the syncer writes next to where the copy of ``name`` was."""
-    events = await world.get(
-        f"{world.kcp.url}/clusters/{world.downstream.path}/api/v1/namespaces/"
-        f"{world.down_ns(ws)}/events"
-    )
+    events = await world.get(f"{world.downstream.url}/api/v1/namespaces/{world.down_ns(ws)}/events")
     return next(
         (
             e
@@ -535,7 +541,7 @@ async def test_without_a_cluster_role_rule_the_syncer_fails_visibly(
     caplog: pytest.LogCaptureFixture,
     observe: Callable[[str], None],
 ) -> None:
-    """The rendered RBAC minus the ClusterRole rule for ``resource``: kcp's 403 for it becomes
+    """The rendered RBAC minus the ClusterRole rule for ``resource``: the 403 for it becomes
     visible (the syncer's error, ``/readyz``, the kcp object's condition or a warning), and what
     the rule is for does not happen (no downstream copy; for events: no Event)."""
     world = deployed.world

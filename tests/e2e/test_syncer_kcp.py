@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,7 @@ from devenv.bootstrap import (
     wait_workspace_ready,
 )
 from devenv.kcp import KcpInstance
+from devenv.kubeapi import KubeAPIServer
 from tests.e2e.credentials import (
     exec_runs,
     in_cluster,
@@ -86,9 +88,17 @@ class SyncWorld(RestCalls):
     provider: Workspace
     consumers: dict[str, Workspace]
     downstream: Workspace
+    """The downstream cluster: a kcp workspace, or a real kube-apiserver (see ``_setup``)."""
     vw_url: str
     dir: Path
     session: aiohttp.ClientSession
+    #: The downstream's admin session when it is not kcp (a kube-apiserver's client certificate).
+    down_session: aiohttp.ClientSession | None = None
+
+    def session_for(self, url: str) -> aiohttp.ClientSession:
+        if self.down_session is not None and url.startswith(self.downstream.url + "/"):
+            return self.down_session
+        return self.session
 
     # URLs --------------------------------------------------------------------------------------
 
@@ -98,7 +108,7 @@ class SyncWorld(RestCalls):
 
     def down_url(self, namespace: str | None = None, name: str = "", sub: str = "") -> str:
         ns = f"/namespaces/{namespace}" if namespace else ""
-        url = f"{self.kcp.url}/clusters/{self.downstream.path}/{API}{ns}/{PLURAL}"
+        url = f"{self.downstream.url}/{API}{ns}/{PLURAL}"
         return "/".join(p for p in (url, name, sub) if p)
 
     def down_ns(self, ws: Workspace, namespace: str = "default") -> str:
@@ -207,9 +217,19 @@ async def eventually(
         await asyncio.sleep(0.3)
 
 
-async def _setup(kcp: KcpInstance, directory: Path, session: aiohttp.ClientSession) -> SyncWorld:
+async def _setup(
+    kcp: KcpInstance,
+    directory: Path,
+    session: aiohttp.ClientSession,
+    *,
+    kubeapi: tuple[KubeAPIServer, aiohttp.ClientSession] | None = None,
+) -> SyncWorld:
+    """The world on ``kcp``; its downstream cluster is a new workspace, or, with ``kubeapi``,
+    that kube-apiserver (and its admin session): then ``downstream`` is its stand-in
+    (:meth:`~devenv.kubeapi.KubeAPIServer.as_workspace`)."""
     tag = uuid.uuid4().hex[:5]
-    names = {r: f"sync-{tag}-{r}" for r in ("provider", "a", "b", "down")}
+    roles = ("provider", "a", "b") if kubeapi else ("provider", "a", "b", "down")
+    names = {r: f"sync-{tag}-{r}" for r in roles}
     docs = json.dumps(
         {
             "apiVersion": "v1",
@@ -246,7 +266,16 @@ async def _setup(kcp: KcpInstance, directory: Path, session: aiohttp.ClientSessi
             return True if phase == "Bound" else None
 
         await poll(f"binding in {ws[role].path}", bound, within=SETUP)
-    await apply_retrying(kcp, ws["down"].url, MANIFESTS / "downstream-crd.yaml", within=SETUP)
+    if kubeapi is None:
+        downstream = ws["down"]
+        await apply_retrying(kcp, downstream.url, MANIFESTS / "downstream-crd.yaml", within=SETUP)
+        kcp.write_admin_kubeconfig(directory / "downstream.kubeconfig", server=downstream.url)
+    else:
+        server, _ = kubeapi
+        downstream = server.as_workspace()
+        crd = MANIFESTS / "downstream-crd.yaml"
+        await server.kubectl("apply", "--server-side", "--validate=strict", "-f", str(crd))
+        shutil.copyfile(server.kubeconfig, directory / "downstream.kubeconfig")
 
     async def endpoint() -> str | None:
         endpoints = await get_field(
@@ -256,15 +285,15 @@ async def _setup(kcp: KcpInstance, directory: Path, session: aiohttp.ClientSessi
 
     vw_url = await poll("endpoint slice URL", endpoint, within=SETUP)
     kcp.write_admin_kubeconfig(directory / "kcp.kubeconfig", server=kcp.url)
-    kcp.write_admin_kubeconfig(directory / "downstream.kubeconfig", server=ws["down"].url)
     env = SyncWorld(
         kcp=kcp,
         provider=provider,
         consumers={"a": ws["a"], "b": ws["b"]},
-        downstream=ws["down"],
+        downstream=downstream,
         vw_url=vw_url,
         dir=directory,
         session=session,
+        down_session=None if kubeapi is None else kubeapi[1],
     )
 
     async def serving() -> bool | None:
@@ -277,7 +306,7 @@ async def _setup(kcp: KcpInstance, directory: Path, session: aiohttp.ClientSessi
                 return None
         # kcp's discovery lags behind a new CRD (an empty APIResourceList for a few seconds);
         # a syncer checks its resources against discovery before it syncs
-        status, body = await env.call("GET", f"{env.kcp.url}/clusters/{ws['down'].path}/{API}")
+        status, body = await env.call("GET", f"{downstream.url}/{API}")
         ok = status == 200 and isinstance(body, dict)
         names = [r.get("name") for r in body.get("resources") or []] if ok else []
         return True if PLURAL in names else None
@@ -980,7 +1009,7 @@ async def test_in_cluster_downstream(
     downstream request (objects, namespaces, the Lease) carries the ServiceAccount's token."""
     token = await service_account_token(env.kcp, workspace_url=env.downstream.url, name="syncer")
     async with in_cluster(
-        env.kcp, workspace_url=env.downstream.url, token=token, directory=tmp_path
+        api_url=env.downstream.url, ca_file=env.kcp.ca_file, token=token, directory=tmp_path
     ) as pod:
         for key, value in pod.environ.items():
             monkeypatch.setenv(key, value)

@@ -5,7 +5,7 @@ helm is built from the Go module proxy (``scripts/tools/build.sh helm``, cached)
 the source of ``manifests/deploy/`` and ``manifests/syncer/`` (``scripts/gen-manifests.py``): the
 drift check here fails when a kustomize base and its chart's default rendering differ, so the
 kustomize tests (``tests/unit/test_manifests_kustomize.py``,
-``tests/unit/test_syncer_manifests_kustomize.py``) and the syncer's RBAC e2e test in kcp
+``tests/unit/test_syncer_manifests_kustomize.py``) and the syncer's deploy e2e test
 (``tests/e2e/test_syncer_deploy_kcp.py``) check the charts' defaults too. On top of that:
 ``helm lint --strict`` with default and non-default values, every optional object switched on
 (cert-manager Certificate, ServiceMonitor, NetworkPolicy) and off (PodDisruptionBudget), the

@@ -15,13 +15,18 @@ class RestCalls:
 
     session: aiohttp.ClientSession
 
+    def session_for(self, url: str) -> aiohttp.ClientSession:
+        """The session whose credentials ``url``'s server accepts (one server: ``session``)."""
+        return self.session
+
     async def call(
         self, method: str, url: str, body: Any = None, *, ctype: str = "application/json"
     ) -> tuple[int, Any]:
         """The status and the decoded body (JSON objects decoded, anything else as text)."""
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": ctype} if body is not None else {}
-        async with self.session.request(method, url, data=data, headers=headers) as resp:
+        session = self.session_for(url)
+        async with session.request(method, url, data=data, headers=headers) as resp:
             text = await resp.text()
             return resp.status, (json.loads(text) if text.startswith("{") else text)
 

@@ -9,8 +9,8 @@ Lease's namespace is the one the Role grants, the ClusterRole covers every confi
 with the verbs the syncer uses, the bindings name the pod's ServiceAccount, and the image and
 security settings are those of ``manifests/deploy/`` (``vwserver serve``).
 
-Whether that RBAC is *sufficient* (and each ClusterRole rule needed) is shown against real kcp by
-``tests/e2e/test_syncer_deploy_kcp.py``.
+Whether that RBAC is *sufficient* (and each ClusterRole rule needed) is shown between real kcp
+and a real kube-apiserver by ``tests/e2e/test_syncer_deploy_kcp.py``.
 """
 
 from __future__ import annotations
