@@ -84,7 +84,7 @@ define run_pytest
 endef
 
 pytest: $(STAMP) kcp go-clients
-	@$(call run_pytest,-q tests)
+	@$(call run_pytest,-q --durations=40 tests)
 
 unit: $(STAMP)
 	@$(call run_pytest,-q tests/unit)
