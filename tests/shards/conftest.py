@@ -70,6 +70,12 @@ class ShardedWorld:
         (ws,) = (w for w in self.world.consumers if PLACEMENT[w.name] == shard)
         return ws
 
+    def clusters_not_on(self, shard: str) -> set[str]:
+        """The logical clusters of the demo world's workspaces placed on another shard than
+        ``shard`` (its consumers and the provider's workspace): never in that shard's answers."""
+        placed = [*self.world.consumers, self.world.provider]
+        return {ws.cluster for ws in placed if PLACEMENT[ws.name] != shard}
+
     def vw_url(self, shard: str) -> str:
         """kcp's APIExport VW URL of the Widget export on ``shard``."""
         (url,) = (u for u in self.world.vw_urls if self.bed.shard_of_url(u) == shard)

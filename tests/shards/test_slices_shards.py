@@ -200,7 +200,11 @@ async def test_a_slice_lists_one_endpoint_per_shard_and_each_serves_that_shard(
         assert code == 200
         mine = w.consumer_on(shard)
         assert keys(ours) == keys(theirs)
-        assert {k[0] for k in keys(ours)} == {mine.cluster}
+        seen = {k[0] for k in keys(ours)}
+        # Other modules of the session add workspaces on each shard (bound to this export, or
+        # to another export of the same schema, which kcp v0.32.3's VW on clusters/* shows too):
+        # the shard's own consumer is there, the other shard's never.
+        assert mine.cluster in seen and not seen & w.clusters_not_on(shard), seen
         assert {i["metadata"]["labels"]["env"] for i in ours["items"]} == {"prod"}
         # One object, through the shard's endpoint, in the consumer that lives there.
         code, obj = await call(

@@ -78,7 +78,10 @@ async def test_a_shards_vw_serves_only_the_consumers_on_that_shard(
         code, body = await _get(w, _widgets(w, vw, "*"))
         assert code == 200
         clusters = {i["metadata"]["annotations"]["kcp.io/cluster"] for i in body["items"]}
-        assert clusters == {mine.cluster}
+        # Other modules of the session add workspaces on each shard (bound to this export, or
+        # to another export of the same schema, which kcp v0.32.3's VW on clusters/* shows too):
+        # the shard's own consumer is there, the other shard's never.
+        assert mine.cluster in clusters and not clusters & w.clusters_not_on(shard), clusters
         (elsewhere,) = (c for c in w.world.consumers if c is not mine)
         code, body = await _get(w, _widgets(w, vw, elsewhere.cluster))
         observe(f"VW of {shard}, cluster {elsewhere.name} of the other shard: {code} {body}")
