@@ -143,11 +143,11 @@ async def test_replica_sets_write_only_their_part_and_leave_only_theirs(
             await eventually(
                 lambda replica=replica: seen_by(replica, key, rv), within=60, what="rv seen"
             )
-        recorded = {replica: record_status_writes(replica) for replica in (r1, r2, s)}
+        recorded = [record_status_writes(replica) for replica in (r1, r2, s)]
         await asyncio.sleep(QUIET_RESYNCS * RESYNC)
         quiet = await slice_doc(w, r1, name)
         assert quiet["metadata"]["resourceVersion"] == rv, "the status changed while idle"
-        ours = [[k for k in recorded[r] if k == key] for r in (r1, r2, s)]
+        ours = [[k for k in written if k == key] for written in recorded]
         assert ours == [[], [], []], "a replica wrote the slice's status while idle"
         assert status_managers(quiet) == ["vwserver-root", "vwserver-second"]
         assert owned(quiet, "vwserver-root").endpoints == {u for u in mine if u.startswith(r1.base)}
@@ -160,7 +160,7 @@ async def test_replica_sets_write_only_their_part_and_leave_only_theirs(
         root_conditions = [
             c for c in quiet["status"]["conditions"] if c["type"].startswith("root/")
         ]
-        after_leave = {replica: record_status_writes(replica) for replica in (r1, r2)}
+        after_leave = [record_status_writes(replica) for replica in (r1, r2)]
         await leaving.aclose()
 
         async def only_root() -> dict[str, Any] | None:
@@ -184,7 +184,7 @@ async def test_replica_sets_write_only_their_part_and_leave_only_theirs(
                 lambda replica=replica: seen_by(replica, key, rv), within=60, what="rv seen"
             )
         await asyncio.sleep(2 * RESYNC)
-        ours = [[k for k in after_leave[r] if k == key] for r in (r1, r2)]
+        ours = [[k for k in written if k == key] for written in after_leave]
         assert ours == [[], []], "set root wrote the slice's status after set second left"
         assert (await slice_doc(w, r1, name))["metadata"]["resourceVersion"] == rv
 
