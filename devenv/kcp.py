@@ -388,6 +388,47 @@ async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(proc.wait(), 10)
 
 
+async def run_kubectl(
+    binary: str,
+    argv: Sequence[str],
+    *,
+    args: Sequence[str],
+    input: str | None = None,
+    check: bool = True,
+    timeout: float = 60.0,  # noqa: ASYNC109 - a default bound so no kubectl call can hang
+) -> KubectlResult:
+    """Run ``binary`` with ``argv`` (connection flags, then ``args``, which the result and its
+    errors name); :class:`KubectlError` when it fails and ``check``. kubectl is killed and reaped
+    on a timeout (a :class:`KcpError`) and when the caller is cancelled."""
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        *argv,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(
+            proc.communicate(input.encode() if input is not None else None), timeout
+        )
+    except TimeoutError:
+        await _kill_and_reap(proc)
+        raise KcpError(f"kubectl {' '.join(args)} timed out after {timeout}s") from None
+    except BaseException:  # cancelled: do not leave kubectl running
+        await _kill_and_reap(proc)
+        raise
+    assert proc.returncode is not None
+    result = KubectlResult(
+        args=tuple(args),
+        returncode=proc.returncode,
+        stdout=out.decode(errors="replace"),
+        stderr=err.decode(errors="replace"),
+    )
+    if check and result.returncode != 0:
+        raise KubectlError(result)
+    return result
+
+
 def _rmtree(path: Path) -> None:
     import shutil
 
@@ -542,33 +583,9 @@ class KcpInstance:
         if token is not None:
             argv.append(f"--token={token}")
         argv.extend(args)
-        proc = await asyncio.create_subprocess_exec(
-            self.kubectl_binary,
-            *argv,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        return await run_kubectl(
+            self.kubectl_binary, argv, args=args, input=input, check=check, timeout=timeout
         )
-        try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(input.encode() if input is not None else None), timeout
-            )
-        except TimeoutError:
-            await _kill_and_reap(proc)
-            raise KcpError(f"kubectl {' '.join(args)} timed out after {timeout}s") from None
-        except BaseException:  # cancelled: do not leave kubectl running
-            await _kill_and_reap(proc)
-            raise
-        assert proc.returncode is not None
-        result = KubectlResult(
-            args=tuple(args),
-            returncode=proc.returncode,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-        )
-        if check and result.returncode != 0:
-            raise KubectlError(result)
-        return result
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """kcp's log tail when this module started the instance, else an explanation."""

@@ -16,11 +16,9 @@ certificates made by ``trustme`` (:func:`devenv.shards.make_pki`): a serving cer
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import ssl
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from devenv.bootstrap import Workspace
-from devenv.kcp import KcpProcess, KubectlError, KubectlResult
+from devenv.kcp import KcpProcess, KubectlResult, run_kubectl
 from devenv.shards import Pki, PkiServerProcess, make_pki, write_kubeconfig
 
 __all__ = ["KubeAPIServer", "start_kube_apiserver"]
@@ -149,17 +147,8 @@ class KubeAPIServer:
     ) -> KubectlResult:
         """kubectl as the admin; :class:`KubectlError` (its stderr) when it fails."""
         cache = f"--cache-dir={self.root_dir / 'kubectl-cache'}"  # not the user's ~/.kube
-        argv = ["kubectl", f"--kubeconfig={self.kubeconfig}", cache, *args]
-        # subprocess.run kills kubectl when the timeout expires
-        done = await asyncio.to_thread(
-            subprocess.run, argv, input=input, capture_output=True, text=True, timeout=timeout
-        )
-        result = KubectlResult(
-            args=args, returncode=done.returncode, stdout=done.stdout, stderr=done.stderr
-        )
-        if result.returncode != 0:
-            raise KubectlError(result)
-        return result
+        argv = [f"--kubeconfig={self.kubeconfig}", cache, *args]
+        return await run_kubectl("kubectl", argv, args=args, input=input, timeout=timeout)
 
 
 @contextlib.asynccontextmanager
