@@ -218,20 +218,17 @@ class MongoOperator:
         self.writes = 0
         self.cache: Cache[Key] = Cache(key=_key, handler=self)
         self.secrets: Cache[Key] = Cache(key=_key, handler=_Secrets(self))
-        self.reflector: Reflector[Cache[Key]] = Reflector(
-            name="mongodb operator",
-            client=client,
-            url=f"{self._api}/{PLURAL}",
-            handler=self.cache,
-            clock=self._clock,
-            watch_timeout=60,
-            backoff=Backoff(initial=0.5, maximum=5.0),
+        self.reflector = self._reflector("mongodb operator", f"{self._api}/{PLURAL}", self.cache)
+        self.secret_reflector = self._reflector(
+            "mongodb operator secrets", f"{self._cluster}/api/v1/secrets", self.secrets
         )
-        self.secret_reflector: Reflector[Cache[Key]] = Reflector(
-            name="mongodb operator secrets",
-            client=client,
-            url=f"{self._cluster}/api/v1/secrets",
-            handler=self.secrets,
+
+    def _reflector(self, name: str, url: str, cache: Cache[Key]) -> Reflector[Cache[Key]]:
+        return Reflector(
+            name=name,
+            client=self._client,
+            url=url,
+            handler=cache,
             clock=self._clock,
             watch_timeout=60,
             backoff=Backoff(initial=0.5, maximum=5.0),
