@@ -69,6 +69,7 @@ from devenv.slices import bind_api, install_api, slice_manifest
 from vwserver.files import write_private
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
+from vwserver.syncer.naming import LABEL_SYNCER
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "config" / "syncer"
@@ -79,6 +80,21 @@ RESOURCE = f"{PLURAL}.{EXPORT}"
 SLICE = "mongodb-eu"
 SLICE_LABELS = {"region": "eu"}
 SYNCER = "eu"
+#: What the slice shows of the consumers' Secrets (the export claims ``secrets``): the password
+#: Secrets its databases name, and the Secrets syncer ``eu`` copies up into kcp (the
+#: connection strings the operator writes downstream), which carry its owner label.
+SLICE_RELATED: list[dict[str, Any]] = [
+    {
+        "resource": "secrets",
+        "referencedBy": {
+            "group": EXPORT,
+            "version": "v1",
+            "resource": PLURAL,
+            "path": "spec.users[*].passwordSecretRef.name",
+        },
+    },
+    {"resource": "secrets", "selector": {"matchLabels": {LABEL_SYNCER: SYNCER}}},
+]
 NAMESPACE_PREFIX = "kcp-"
 #: The workspace of vwserver's own APIExport (``make run`` uses the same).
 API_WORKSPACE = "vwserver"
@@ -336,6 +352,7 @@ async def bootstrap_sync(
         export_path=provider.path,
         export_name=EXPORT,
         selector={"matchLabels": SLICE_LABELS},
+        related=SLICE_RELATED,
     )
     await apply_retrying(kcp, provider.url, manifest, within=within)
 

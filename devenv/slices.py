@@ -85,17 +85,26 @@ async def bind_api(
 
 
 def slice_manifest(
-    name: str, *, export_path: str, export_name: str, selector: dict[str, Any]
+    name: str,
+    *,
+    export_path: str,
+    export_name: str,
+    selector: dict[str, Any],
+    related: list[dict[str, Any]] | None = None,
 ) -> str:
+    """A FilteredAPIExportEndpointSlice; ``related``: its ``spec.relatedResources`` rules."""
+    spec: dict[str, Any] = {
+        "export": {"path": export_path, "name": export_name},
+        "objectSelector": selector,
+    }
+    if related:
+        spec["relatedResources"] = related
     return json.dumps(
         {
             "apiVersion": f"{API_EXPORT}/v1alpha1",
             "kind": "FilteredAPIExportEndpointSlice",
             "metadata": {"name": name},
-            "spec": {
-                "export": {"path": export_path, "name": export_name},
-                "objectSelector": selector,
-            },
+            "spec": spec,
         }
     )
 

@@ -21,9 +21,11 @@ tests/e2e/test_demo_lines_kcp.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -395,3 +397,101 @@ def yaml_doc(sample: Sample, *, name: str, labels: dict[str, str]) -> dict[str, 
         "metadata": {"name": name, "namespace": "default", "labels": labels},
         "spec": sample.spec,
     }
+
+
+async def test_the_operator_waits_for_the_password_and_writes_the_connection_string(
+    story: Printed,
+) -> None:
+    """The downstream operator on its own (a database created downstream by its admin, not by
+    the syncer): Pending with a message until the password Secret is there, then Running with
+    the connection-string Secret ``<database>-<db>-<user>``, rewritten when the password
+    changes, deleted with the database."""
+    namespace = f"op-{uuid.uuid4().hex[:6]}"
+    db = {
+        "apiVersion": f"{EXPORT}/v1",
+        "kind": "MongoDBCommunity",
+        "metadata": {"name": "users-db", "namespace": namespace},
+        "spec": {
+            "members": 1,
+            "type": "ReplicaSet",
+            "version": "6.0.5",
+            "users": [
+                {
+                    "name": "app",
+                    "db": "admin",
+                    "passwordSecretRef": {"name": "app-password"},
+                    "roles": [{"name": "readWrite", "db": "orders"}],
+                }
+            ],
+        },
+    }
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    await downstream_apply(story, ns)
+    await downstream_apply(story, db)
+
+    async def status() -> dict[str, Any]:
+        obj = await downstream_get(story, PLURAL, "users-db", "-n", namespace)
+        return (obj or {}).get("status") or {}
+
+    pending = await eventually("the database Pending", status)
+    assert pending["phase"] == "Pending"
+    assert "app-password (key password)" in pending["message"]
+
+    def password(value: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "app-password", "namespace": namespace},
+            "stringData": {"password": value},
+        }
+
+    async def connection(want: str) -> dict[str, str] | None:
+        found = await downstream_get(story, "secret", "users-db-admin-app", "-n", namespace)
+        data = {
+            k: base64.b64decode(v).decode() for k, v in ((found or {}).get("data") or {}).items()
+        }
+        return data if data.get("password") == want else None
+
+    await downstream_apply(story, password("first"))
+    data = await eventually("the connection-string Secret", lambda: connection("first"))
+    assert set(data) == {
+        "connectionString.standard",
+        "connectionString.standardSrv",
+        "username",
+        "password",
+    }
+    assert data["username"] == "app"
+    assert data["connectionString.standard"].startswith("mongodb://app:first@users-db-0.")
+    assert (await status())["phase"] == "Running"
+
+    await downstream_apply(story, password("second"))
+    await eventually("the connection string with the new password", lambda: connection("second"))
+
+    await downstream_delete(story, PLURAL, "users-db", "-n", namespace)
+
+    async def secret_gone() -> bool:
+        found = await downstream_get(story, "secret", "users-db-admin-app", "-n", namespace)
+        return found is None
+
+    await eventually("the connection-string Secret deleted with the database", secret_gone)
+    await downstream_delete(story, "namespace", namespace, "--wait=false")
+
+
+async def downstream_apply(printed: Printed, doc: dict[str, Any]) -> None:
+    world = printed.story.world
+    if world.kubeapi is None:
+        await printed.kcp.kubectl(
+            "apply", "-f", "-", server=world.downstream.url, input=json.dumps(doc)
+        )
+    else:
+        await world.kubeapi.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
+async def downstream_delete(printed: Printed, *args: str) -> None:
+    world = printed.story.world
+    if world.kubeapi is None:
+        await printed.kcp.kubectl(
+            "delete", *args, "--ignore-not-found", server=world.downstream.url
+        )
+    else:
+        await world.kubeapi.kubectl("delete", *args, "--ignore-not-found")
