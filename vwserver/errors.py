@@ -299,6 +299,14 @@ class ObjectTooLarge(SyncError):
     permanent = True
 
 
+class InvalidRelated(SyncError):
+    """A related object cannot be copied as configured (its copy's name, a syncer's copy named
+    as a source): retrying cannot help until it or the config changes."""
+
+    reason = "Invalid"
+    permanent = True
+
+
 class DecommissionRefused(VWServerError):
     """``vwserver sync --decommission`` refuses to start: a replica of the syncer still holds
     its Lease (it would put every removed finalizer back), or the Lease cannot be read."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -52,7 +52,7 @@ from vwserver.config.base import (
 )
 from vwserver.config.base import Strict as _Strict
 from vwserver.errors import ConfigError
-from vwserver.syncer import naming
+from vwserver.syncer import naming, related_spec
 
 # The syncer's name goes into the finalizer ``sync.edge-connect.eu/syncer-<name>`` (the part after
 # the slash of a qualified name is at most 63 characters), a label value and the Lease name.
@@ -135,6 +135,56 @@ class DownstreamType(_Strict):
     """The downstream kind."""
 
 
+class RelatedReference(_Strict):
+    """Related objects named at a path of the primary object."""
+
+    path: str
+    """Field names separated by ``.``, ``[*]`` after a list field
+    (``spec.users[*].passwordSecretRef.name``), as a slice's ``referencedBy.path``: every string
+    there that is an object name names one related object (0 to 64 of them)."""
+
+
+class RelatedConfig(_Strict, kw_only=True):
+    """An object of another resource that belongs to each synced (primary) object: a Secret or
+    ConfigMap it names, or one its downstream operator writes. Found in the primary's namespace
+    on the *origin* side and copied into the primary's namespace on the other side (docs:
+    Related resources, "In the syncer")."""
+
+    name: str
+    """A DNS label, unique within this resource: names the related resource in conditions,
+    labels and metrics."""
+    origin: Literal["kcp", "downstream"]
+    """``kcp``: the related object is in the consumer's workspace and copied down (before the
+    primary's copy is applied); ``downstream``: the downstream side writes it (e.g. the
+    operator's connection-string Secret) and it is copied up into the consumer's namespace,
+    written through the endpoint."""
+    group: str = ""
+    """The related resource's API group (``""``: core)."""
+    version: str
+    """Its version."""
+    resource: str
+    """Its resource name (plural), e.g. ``secrets``."""
+    kind: str
+    """Its kind, e.g. ``Secret``."""
+    reference: RelatedReference | None = None
+    """Found by name at a path of the primary (on the origin side: the kcp object for origin
+    ``kcp``, its downstream copy for origin ``downstream``). Exactly one of ``reference``,
+    ``selector`` and ``nameTemplate``."""
+    selector: dict[str, Any] | None = None
+    """Found by labels: a ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions``,
+    not empty) over the objects of the primary's namespace on the origin side."""
+    name_template: str | None = None
+    """Found by a name built from the primary: text with placeholders ``{{ .path }}``, paths
+    into the primary (``{{ .name }}``/``{{ .namespace }}`` are ``metadata.name``/``namespace``);
+    placeholders with ``[*]`` give one name per element of that list (all of them must iterate
+    the same list). A path that is not there gives no name."""
+    target_name: str | None = None
+    """The copy's name, a template over the related object (``{{ .name }}`` is its name);
+    default: the same name."""
+    keys: list[str] = msgspec.field(default_factory=list)
+    """The data keys copied (Secret ``data``, ConfigMap ``data``/``binaryData``); empty: all."""
+
+
 class ResourceConfig(_Strict):
     """One synced resource type. Upstream objects must be namespaced."""
 
@@ -163,6 +213,10 @@ class ResourceConfig(_Strict):
     """The objects of one consumer workspace kept in full add up to at most this (bytes of
     JSON); further ones are not synced: ``Synced=False``, reason ``ObjectTooLarge`` (at least
     ``maxObjectBytes``)."""
+    related: list[RelatedConfig] = msgspec.field(default_factory=list)
+    """Related objects of each object of this resource (Secrets, ConfigMaps, ...), copied down
+    or up with it (at most 8). Related objects in kcp are read through the endpoint only: a
+    filtered endpoint must show them (the slice's ``spec.relatedResources``)."""
 
     @property
     def target(self) -> DownstreamType:
@@ -305,6 +359,7 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
             raise ConfigError(f"{field}.maxObjectBytes", "must be between 1024 and 3145728")
         if res.max_cluster_bytes < res.max_object_bytes:
             raise ConfigError(f"{field}.maxClusterBytes", "must be at least maxObjectBytes")
+        _check_related(res, config.resources, field=field)
     prefix = config.namespace_prefix
     if prefix and not re.fullmatch(r"[a-z0-9][-a-z0-9]{0,19}", prefix):
         raise ConfigError(
@@ -328,6 +383,35 @@ def _validate(config: SyncerConfig, *, base_dir: Path) -> None:
     if not 0 <= config.health.port < 65536:
         raise ConfigError("$.health.port", f"{config.health.port} is not a TCP port")
     check_logging(config)
+
+
+MAX_RELATED = 8
+
+
+def _check_related(res: ResourceConfig, resources: list[ResourceConfig], *, field: str) -> None:
+    if len(res.related) > MAX_RELATED:
+        raise ConfigError(f"{field}.related", f"at most {MAX_RELATED} related resources")
+    primaries = {(r.group, r.resource) for r in resources} | {
+        (r.target.group, r.target.resource) for r in resources
+    }
+    names: set[str] = set()
+    for j, rel in enumerate(res.related):
+        here = f"{field}.related[{j}]"
+        if not DNS_LABEL_RE.match(rel.name) or len(rel.name) > 40:
+            raise ConfigError(f"{here}.name", f"{rel.name!r} is not a DNS label of at most 40")
+        if rel.name in names:
+            raise ConfigError(f"{here}.name", f"duplicate related name {rel.name!r}")
+        names.add(rel.name)
+        _check_type(rel.group, rel.version, rel.resource, rel.kind, field=here)
+        if (rel.group, rel.resource) in primaries:
+            raise ConfigError(
+                f"{here}.resource", "a synced resource cannot be a related resource as well"
+            )
+        # compiles the finder and the target template: every error names its field
+        related_spec.compile_related(rel, field=here)
+        for k, key in enumerate(rel.keys):
+            if not key or len(key) > 253:
+                raise ConfigError(f"{here}.keys[{k}]", "must be a data key (1 to 253 chars)")
 
 
 def _check_endpoints(ep: Endpoints, *, base_dir: Path) -> None:

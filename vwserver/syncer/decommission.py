@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,33 +60,20 @@ from vwserver.k8s.resources import LEASES, NAMESPACES, ResourceType
 from vwserver.syncer.clients import open_clients
 from vwserver.syncer.config import SyncerConfig
 from vwserver.syncer.endpoints import read_endpoints
-from vwserver.syncer.naming import (
-    ANN_CLUSTER,
-    ANN_NAMESPACE,
-    LABEL_MANAGED,
-    LABEL_SYNCER,
-    downstream_namespace,
-    owned_by,
-    upstream_key,
+from vwserver.syncer.namespaces import (
+    leftovers,
+    list_all,
+    namespace_is_ours,
+    namespaced_types,
 )
+from vwserver.syncer.naming import LABEL_MANAGED, LABEL_SYNCER, owned_by, upstream_key
 
 log = logging.getLogger(__name__)
 
 JSON_PATCH = "application/json-patch+json"
-PAGE_SIZE = 500
 ATTEMPTS = 5
 """Fresh reads per object before a finalizer removal counts as failed (each refused patch means
 the object changed meanwhile)."""
-
-# What Kubernetes creates in every namespace by itself: their presence does not make a namespace
-# "used". (group, resource) -> names, or None for every object of the resource.
-_BUILT_IN: dict[tuple[str, str], frozenset[str] | None] = {
-    ("", "serviceaccounts"): frozenset({"default"}),
-    ("", "configmaps"): frozenset({"kube-root-ca.crt"}),
-    ("", "events"): None,
-    ("events.k8s.io", "events"): None,
-}
-
 
 # --- pure decisions --------------------------------------------------------------------------
 
@@ -106,34 +93,6 @@ def finalizer_patch(obj: Mapping[str, Any], finalizer: str) -> list[JSON] | None
         {"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
         {"op": "remove", "path": f"/metadata/finalizers/{i}"},
     ]
-
-
-def namespace_is_ours(ns: Mapping[str, Any], *, prefix: str) -> bool:
-    """Whether a downstream namespace is one this syncer's config derives: labelled as made by
-    a syncer and named exactly as :func:`downstream_namespace` names its source's."""
-    meta = ns.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    cluster, namespace = annotations.get(ANN_CLUSTER), annotations.get(ANN_NAMESPACE)
-    if labels.get(LABEL_MANAGED) != "true" or not cluster or namespace is None:
-        return False
-    return bool(meta.get("name") == downstream_namespace(cluster, namespace, prefix=prefix))
-
-
-def leftovers(listings: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> list[str]:
-    """What keeps a namespace from being empty: ``resource/name`` of every object but the ones
-    Kubernetes puts in every namespace. ``listings``: (group, resource) -> the objects."""
-    out = []
-    for (group, resource), objects in sorted(listings.items()):
-        if (group, resource) in _BUILT_IN and _BUILT_IN[(group, resource)] is None:
-            continue
-        allowed = _BUILT_IN.get((group, resource)) or frozenset()
-        qualified = f"{resource}.{group}" if group else resource
-        for obj in objects:
-            name = str((obj.get("metadata") or {}).get("name", ""))
-            if name not in allowed:
-                out.append(f"{qualified}/{name}")
-    return out
 
 
 def lease_holder(
@@ -277,7 +236,7 @@ class Decommission:
             d = resource.target
             t = ResourceType(d.group, d.version, d.resource, d.kind)
             try:
-                objects = await _list_all(
+                objects = await list_all(
                     self._downstream,
                     t.collection(self._down),
                     [("labelSelector", f"{LABEL_SYNCER}={self.config.name}")],
@@ -324,7 +283,7 @@ class Decommission:
 
     async def _remove_finalizers_at(self, t: ResourceType, endpoint: str) -> None:
         try:
-            objects = await _list_all(self._endpoints, t.collection(kcp.clusters(endpoint)), [])
+            objects = await list_all(self._endpoints, t.collection(kcp.clusters(endpoint)), [])
         except (ApiError, UpstreamUnavailable) as e:
             self.summary.failures.append(f"listing {t.resource} at {endpoint}: {e}")
             return
@@ -383,7 +342,7 @@ class Decommission:
 
     async def _delete_empty_namespaces(self, used: set[str]) -> None:
         try:
-            namespaces = await _list_all(
+            namespaces = await list_all(
                 self._downstream,
                 NAMESPACES.collection(self._down),
                 [("labelSelector", f"{LABEL_MANAGED}=true")],
@@ -400,7 +359,7 @@ class Decommission:
         if not candidates:
             return
         try:
-            types = await _namespaced_types(self._downstream, self._down)
+            types = await namespaced_types(self._downstream, self._down)
         except (ApiError, UpstreamUnavailable) as e:
             self.summary.failures.append(f"downstream discovery (to see what is left): {e}")
             return
@@ -408,7 +367,7 @@ class Decommission:
             try:
                 left = leftovers(
                     {
-                        (t.group, t.resource): await _list_all(
+                        (t.group, t.resource): await list_all(
                             self._downstream, t.collection(self._down, name), []
                         )
                         for t in types
@@ -426,39 +385,6 @@ class Decommission:
                 continue
             except (ApiError, UpstreamUnavailable) as e:
                 self.summary.failures.append(f"namespace {name}: {e}")
-
-
-async def _list_all(client: KubeClient, url: str, query: Iterable[tuple[str, str]]) -> list[JSON]:
-    """Every item of a collection, in pages (``limit``/``continue``)."""
-    items: list[JSON] = []
-    token = ""
-    while True:
-        q = [*query, ("limit", str(PAGE_SIZE))] + ([("continue", token)] if token else [])
-        page = await client.request("GET", url, query=q)
-        items.extend(page.get("items") or [])
-        token = str((page.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return items
-
-
-async def _namespaced_types(client: KubeClient, base: str) -> list[ResourceType]:
-    """Every namespaced resource type the server lists (preferred versions), from discovery."""
-    lists = [await client.request("GET", f"{base}/api/v1")]
-    groups = await client.request("GET", f"{base}/apis")
-    for group in groups.get("groups") or []:
-        gv = (group.get("preferredVersion") or {}).get("groupVersion")
-        if gv:
-            with contextlib.suppress(ApiNotFound):  # an aggregated API that went away
-                lists.append(await client.request("GET", f"{base}/apis/{gv}"))
-    out = []
-    for doc in lists:
-        group, _, version = str(doc.get("groupVersion", "")).rpartition("/")
-        for r in doc.get("resources") or []:
-            name = str(r.get("name", ""))
-            if "/" in name or not r.get("namespaced") or "list" not in (r.get("verbs") or []):
-                continue
-            out.append(ResourceType(group, version, name, str(r.get("kind", ""))))
-    return out
 
 
 async def decommission(

@@ -39,6 +39,9 @@ LABEL_SYNCER = f"{GROUP}/syncer"
 LABEL_CLUSTER = f"{GROUP}/cluster"
 LABEL_UID = f"{GROUP}/uid"
 LABEL_MANAGED = f"{GROUP}/managed"
+#: On a related object's copy: which ``related[]`` entry made it (:mod:`~vwserver.syncer.
+#: related_spec`'s ``label``); with :data:`LABEL_SYNCER` it selects one entry's copies.
+LABEL_RELATED = f"{GROUP}/related"
 
 ANN_CLUSTER = f"{GROUP}/cluster"
 ANN_NAMESPACE = f"{GROUP}/namespace"
@@ -48,6 +51,9 @@ ANN_SYNCER = f"{GROUP}/syncer"
 #: Digest of what the syncer last applied; a changed intent is applied even if the downstream
 #: object happens to contain every desired field (removals, see sync_plan.needs_apply).
 ANN_APPLIED = f"{GROUP}/applied"
+#: On a related object's copy: ``<namespace>/<name>`` of the object it copies, on the origin
+#: side (no :data:`ANN_NAME`: a copy of a related object is never taken for a primary's copy).
+ANN_SOURCE = f"{GROUP}/source"
 
 # Label and annotation keys that must never travel downstream: kcp's own (kcp.io/cluster,
 # apis.kcp.io/..., the claimed-label keys ``claimed.internal.apis.kcp.io/<hash>``, tenancy),

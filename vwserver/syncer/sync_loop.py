@@ -65,6 +65,7 @@ from vwserver.errors import (
     ApiConflict,
     ApiError,
     ApiNotFound,
+    InvalidRelated,
     ObjectTooLarge,
     OwnershipError,
     SyncError,
@@ -77,10 +78,11 @@ from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.queue import WorkQueue
 from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
-from vwserver.syncer import sync_plan
+from vwserver.syncer import related_plan, sync_plan
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
 from vwserver.syncer.memory import UPSTREAM_PAGE, SharingCache, TenantBudget
 from vwserver.syncer.metrics import SyncerMetrics
+from vwserver.syncer.namespaces import Janitor
 from vwserver.syncer.naming import (
     LABEL_SYNCER,
     ObjectKey,
@@ -91,6 +93,8 @@ from vwserver.syncer.naming import (
     source_key,
     upstream_key,
 )
+from vwserver.syncer.related_io import Pair, RelatedWatch
+from vwserver.syncer.related_spec import compile_all
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +188,21 @@ def error_message(error: Exception, *, downstream_base: str, hide: Iterable[str]
     return _ADDRESS.sub("<address>", text)[:_MAX_MESSAGE]
 
 
+def namespace_key(pair: Pair) -> ObjectKey:
+    """The key of a namespace's own sync (no primary has an empty name): its related copies'
+    sweep and its removal, when no primary is left there."""
+    return ObjectKey(pair[0], pair[1], "")
+
+
+def related_error(reason: str, message: str) -> SyncError:
+    """The error a related object's problem is shown as (``Synced=False``, ``reason``)."""
+    if reason == "ObjectTooLarge":
+        return ObjectTooLarge(message)
+    if reason == "NotOwned":
+        return OwnershipError(message)
+    return InvalidRelated(message)
+
+
 def _dotted(path: sync_plan.FieldPath) -> str:
     """``("status", "conditions", "[]", "reason")`` → ``status.conditions[].reason``."""
     return ".".join(path).replace(".[]", "[]")
@@ -255,6 +274,40 @@ class ResourceController:
         self.upstream_schema = sync_plan.SchemaFacts()
         #: What the downstream schema does to the copies we apply (learned).
         self.downstream_schema = sync_plan.SchemaFacts()
+        #: The primaries of each (logical cluster, namespace), as kcp shows them and as their
+        #: downstream copies name them: a related object's change re-queues these.
+        self._up_members: dict[Pair, set[ObjectKey]] = {}
+        self._down_members: dict[Pair, set[ObjectKey]] = {}
+        #: Downstream namespace → its (cluster, namespace), for sources of origin downstream.
+        self._pairs: dict[str, Pair] = {}
+        #: One sync at a time per namespace: the related plan is the namespace's.
+        self._locks: dict[Pair, asyncio.Lock] = {}
+        self.janitor = Janitor(
+            client=downstream,
+            base=downstream_base,
+            prefix=config.namespace_prefix,
+            clock=clock,
+            on_delete=self._namespace_deleted,
+        )
+        self.related = [
+            RelatedWatch(
+                spec,
+                syncer=config.name,
+                field_manager=config.field_manager,
+                namespace_prefix=config.namespace_prefix,
+                upstream=upstream,
+                downstream=downstream,
+                downstream_base=downstream_base,
+                clock=clock,
+                metrics=metrics,
+                metrics_name=self.name,
+                max_object_bytes=resource.max_object_bytes,
+                max_cluster_bytes=resource.max_cluster_bytes,
+                pair_of_namespace=self._pairs.get,
+                changed=self._related_changed,
+            )
+            for spec in compile_all(resource)
+        ]
 
     # --- state --------------------------------------------------------------------------------
 
@@ -265,6 +318,7 @@ class ResourceController:
             self._endpoints_known
             and self.downstream_reflector.synced.is_set()
             and all(i.synced.is_set() for i in self.upstream_reflectors.values())
+            and all(r.synced for r in self.related)
         )
 
     def problems(self) -> list[str]:
@@ -275,6 +329,7 @@ class ResourceController:
         reflectors: list[Reflector[Any]] = [
             self.downstream_reflector,
             *self.upstream_reflectors.values(),
+            *(r for watch in self.related for r in watch.all_reflectors()),
         ]
         for reflector in reflectors:
             if not reflector.synced.is_set():
@@ -362,6 +417,8 @@ class ResourceController:
             self._upstream_tasks[url] = asyncio.create_task(
                 reflector.run(), name=f"reflector {reflector.name}"
             )
+        for watch in self.related:
+            watch.set_endpoints(wanted)
         self._endpoints_known = True
 
     # --- running ------------------------------------------------------------------------------
@@ -373,6 +430,10 @@ class ResourceController:
                 self.downstream_reflector.run(), name=f"reflector {self.downstream_reflector.name}"
             ),
             asyncio.create_task(self._resync_loop(), name=f"resync {self.name}"),
+            *(
+                asyncio.create_task(w.run(), name=f"related {self.name} {w.spec.name}")
+                for w in self.related
+            ),
             *(
                 asyncio.create_task(self._worker(), name=f"worker {self.name} {i}")
                 for i in range(self.config.workers)
@@ -408,6 +469,16 @@ class ResourceController:
         for obj in self.downstream_reflector.handler.objects.values():
             if (key := source_key(obj)) is not None and not self.queue.backing_off(key):
                 self.queue.add(key)
+        # namespaces holding copies of related objects but no primary: their sweep
+        for watch in self.related:
+            for copies in watch.copy_pairs():
+                if not self._members(copies):
+                    self.queue.add(namespace_key(copies))
+        # namespaces found not empty when their last object went: look again
+        for name in list(self.janitor.pending):
+            found = self._pairs.get(name)
+            if found is not None and not self._members(found):
+                self.queue.add(namespace_key(found))
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -497,6 +568,12 @@ class ResourceController:
     # --- one key ------------------------------------------------------------------------------
 
     async def sync(self, key: ObjectKey) -> None:
+        pair = (key.cluster, key.namespace)
+        lock = self._locks.setdefault(pair, asyncio.Lock())
+        async with lock:
+            await self._sync(key)
+
+    async def _sync(self, key: ObjectKey) -> None:
         upstream, endpoint = self.upstream_object(key)
         if upstream is not None:
             self.tombstones.pop(key, None)
@@ -520,6 +597,9 @@ class ResourceController:
             withheld=self.withheld.get(key, frozenset()),
             too_large=None if upstream is None else self.too_large(key),
         )
+        ctx = self._with_related(key, ctx)
+        if endpoint is None:
+            endpoint = self._endpoint_of((key.cluster, key.namespace))
         if upstream is None:
             self._flips.pop(key, None)
             self.withheld.pop(key, None)
@@ -606,6 +686,17 @@ class ResourceController:
                 self._metrics.writes.labels(name, "upstream", "status").inc()
                 self._learn(key, patch, result, upstream=True)
                 return str((result.get("metadata") or {}).get("resourceVersion") or "") or None
+            case sync_plan.RelatedCopies(copies):
+                for copy in copies:
+                    watch = next(w for w in self.related if w.spec.name == copy.related)
+                    if copy.down:
+                        # the namespace of a copy down exists before the primary's copy
+                        self.janitor.forget(copy.namespace)
+                    await watch.execute(copy, cluster=key.cluster, endpoint=endpoint)
+            case sync_plan.RelatedFailed(reason, message):
+                raise related_error(reason, message)
+            case sync_plan.CleanNamespace(namespace):
+                await self.janitor.check(namespace)
             case sync_plan.Wait(seconds, reason):
                 raise _Wait(seconds, reason)
             case sync_plan.Blocked(message):
@@ -676,6 +767,89 @@ class ResourceController:
         if problem is not None:
             raise OwnershipError(problem)
         self._namespaces_ok.add(namespace)
+
+    # --- related objects and namespaces -------------------------------------------------------
+
+    def _members(self, pair: Pair) -> set[ObjectKey]:
+        return self._up_members.get(pair, set()) | self._down_members.get(pair, set())
+
+    def _index(self, members: dict[Pair, set[ObjectKey]], key: ObjectKey, *, add: bool) -> None:
+        pair = (key.cluster, key.namespace)
+        if add:
+            members.setdefault(pair, set()).add(key)
+            down = self._namespace_of(key)
+            self._pairs.setdefault(down, pair)
+            self.janitor.forget(down)
+        elif (keys := members.get(pair)) is not None:
+            keys.discard(key)
+            if not keys:
+                del members[pair]
+
+    def _related_changed(self, pair: Pair) -> None:
+        """A related object of the namespace ``pair`` changed (either side): every primary
+        there is synced again (its related plan is the namespace's); with none, the namespace
+        itself (its copies' sweep)."""
+        members = self._members(pair)
+        for key in members:
+            self.queue.add(key)
+        if not members:
+            self.queue.add(namespace_key(pair))
+
+    def _endpoint_of(self, pair: Pair) -> str | None:
+        for key in self._up_members.get(pair, ()):
+            _, endpoint = self.upstream_object(key)
+            if endpoint is not None:
+                return endpoint
+        return None
+
+    def _with_related(self, key: ObjectKey, ctx: sync_plan.Context) -> sync_plan.Context:
+        """``ctx`` with the related plan of ``key``'s namespace and whether nothing of ours is
+        left there once ``key`` is gone."""
+        pair = (key.cluster, key.namespace)
+        down_ns = self._namespace_of(key)
+        members = []
+        others = False
+        for k in self._members(pair):
+            upstream, _ = self.upstream_object(k)
+            downstream = self.downstream_object(k)
+            if k != key and (upstream is not None or downstream is not None):
+                others = True
+            m = related_plan.member(
+                k,
+                upstream,
+                downstream,
+                syncer=self.config.name,
+                current=key,
+                too_large=upstream is not None and self.too_large(k) is not None,
+            )
+            if m is not None:
+                members.append(m)
+        outcome = None
+        down_copies = 0
+        if self.related:
+            scope = related_plan.Scope(
+                cluster=key.cluster,
+                namespace=key.namespace,
+                downstream_namespace=down_ns,
+                syncer=self.config.name,
+                current=key,
+                may_delete=self.synced,
+                exclude_prefixes=ctx.exclude_prefixes,
+            )
+            plan = related_plan.plan(
+                [w.spec for w in self.related],
+                {w.spec.name: w.inputs(pair, down_ns) for w in self.related},
+                members=members,
+                scope=scope,
+            )
+            outcome = related_plan.outcome(plan)
+            down_copies = plan.down_copies
+        unused = self.synced and not others and down_copies == 0
+        return dataclasses.replace(ctx, related=outcome, namespace_unused=unused)
+
+    def _namespace_deleted(self, name: str) -> None:
+        self._namespaces_ok.discard(name)
+        self._metrics.writes.labels(self.name, "downstream", "namespace").inc()
 
     # --- what the schemas store -------------------------------------------------------------
 
@@ -840,11 +1014,13 @@ class _UpstreamEvents:
     def on_upsert(self, obj: JSON) -> None:
         if (key := upstream_key(obj)) is not None:
             self._c.tombstones.pop(key, None)
+            self._c._index(self._c._up_members, key, add=True)
             self._c.queue.add(key)
 
     def on_delete(self, obj: JSON) -> None:
         if (key := upstream_key(obj)) is not None:
             self._c.tombstones[key] = obj
+            self._c._index(self._c._up_members, key, add=False)
             self._c.queue.add(key)
 
 
@@ -854,7 +1030,10 @@ class _DownstreamEvents:
 
     def on_upsert(self, obj: JSON) -> None:
         if (key := source_key(obj)) is not None:
+            self._c._index(self._c._down_members, key, add=True)
             self._c.queue.add(key)
 
     def on_delete(self, obj: JSON) -> None:
-        self.on_upsert(obj)
+        if (key := source_key(obj)) is not None:
+            self._c._index(self._c._down_members, key, add=False)
+            self._c.queue.add(key)

@@ -210,6 +210,26 @@ class Context:
     withheld: frozenset[MetadataKey] = frozenset()
     #: Why the upstream object is kept only as a stub (over a size bound), or None.
     too_large: str | None = None
+    #: The copies of related objects the object's namespace needs
+    #: (:mod:`~vwserver.syncer.related_plan`); None: the resource has no related objects.
+    related: RelatedOutcome | None = None
+    #: Nothing of this syncer's is left in the object's downstream namespace once this object
+    #: is gone: no other primary, no copy of a related object (the namespace may go then).
+    namespace_unused: bool = False
+
+
+@dataclass(frozen=True)
+class RelatedOutcome:
+    """What :func:`vwserver.syncer.related_plan.plan` decided for the object's namespace:
+    copy actions downstream (``down``) and in kcp (``up``), notes for the ``Synced`` message,
+    ``problems`` as (reason, message), and whether copies nothing needs are still there
+    (``pending``: a deletion waits for them)."""
+
+    down: tuple[Any, ...] = ()
+    up: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()
+    problems: tuple[tuple[str, str], ...] = ()
+    pending: bool = False
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -256,6 +276,30 @@ class PatchStatus:
 
 
 @dataclass(frozen=True)
+class RelatedCopies:
+    """Apply and delete copies of related objects, in order
+    (:class:`~vwserver.syncer.related_plan.CopyApply` / ``CopyDelete``)."""
+
+    actions: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class RelatedFailed:
+    """A related object of this object cannot be copied (``Synced=False`` with ``reason``)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CleanNamespace:
+    """The downstream namespace holds nothing of this syncer's any more: delete it if it holds
+    nothing at all (checked live, :mod:`vwserver.syncer.namespaces`)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Wait:
     """Nothing more to do now; look again after ``seconds`` (e.g. downstream still deleting)."""
 
@@ -299,6 +343,9 @@ Action = (
     | Apply
     | Delete
     | PatchStatus
+    | RelatedCopies
+    | RelatedFailed
+    | CleanNamespace
     | Wait
     | Blocked
     | TooLarge
@@ -371,12 +418,22 @@ def plan(
         actions.append(Wait(2.0, "the downstream object is being deleted; re-creating after"))
         return actions
     actions.append(EnsureNamespace(namespace, namespace_metadata(key.cluster, key.namespace)))
+    related = ctx.related
+    if related is not None and related.down:
+        # before the copy: the operator finds its password when it first sees the object
+        actions.append(RelatedCopies(related.down))
     left = left_downstream(upstream, downstream, ctx=ctx)
     desired = desired_downstream(key, upstream, namespace=namespace, ctx=ctx, leave=left)
     if needs_apply(desired, downstream, schema=ctx.downstream_schema):
         actions.append(
             Apply(namespace, key.name, desired, overwritten=overwritten(desired, downstream))
         )
+    if related is not None and related.up:
+        actions.append(RelatedCopies(related.up))
+    if related is not None and related.problems:
+        reason = related.problems[0][0]
+        actions.append(RelatedFailed(reason, "; ".join(m for _, m in related.problems)))
+        return actions
     message = f"synced to {namespace}/{key.name} by syncer {ctx.syncer}"
     if left:
         message += "; not copied, written downstream by others: " + ", ".join(
@@ -384,6 +441,8 @@ def plan(
         )
         if len(left) > _MAX_REPORTED:
             message += f" and {len(left) - _MAX_REPORTED} more"
+    if related is not None and related.notes:
+        message += "; " + "; ".join(related.notes[:_MAX_REPORTED])
     condition = new_condition(
         status=True,
         reason="Synced",
@@ -410,12 +469,34 @@ def _deleting(
     if ctx.finalizer not in finalizers:
         if downstream is not None and not _deleting_now(downstream):
             return [Delete(namespace, name, _uid(downstream))]
-        return []
+        return _related_cleanup(namespace, ctx)
     if downstream is None:
+        # the copy is gone; its related copies go next (those nothing else needs), then the
+        # finalizer: nothing of this object is left anywhere once kcp may remove it
+        cleanup = _related_cleanup(namespace, ctx, clean=False)
+        if ctx.related is not None and ctx.related.pending:
+            condition = new_condition(
+                status=False,
+                reason="DeletingRelated",
+                message="waiting for the copies of related objects to be deleted",
+                generation=(upstream.get("metadata") or {}).get("generation"),
+            )
+            patch = condition_patch(upstream, condition, now=ctx.now, schema=ctx.upstream_schema)
+            waiting: list[Action] = [*cleanup]
+            if patch is not None and report:
+                waiting.append(PatchStatus(patch))
+            waiting.append(Wait(1.0, "waiting for the related copies to be gone"))
+            return waiting
         rest = tuple(f for f in finalizers if f != ctx.finalizer)
         release = SetFinalizers(rest, rv, verify_gone=(namespace, name))
         patch = released_status_patch(upstream, namespace=namespace, name=name, ctx=ctx)
-        return [PatchStatus(patch), release] if patch is not None and report else [release]
+        released: list[Action] = [*cleanup]
+        if patch is not None and report:
+            released.append(PatchStatus(patch))
+        released.append(release)
+        if ctx.namespace_unused:
+            released.append(CleanNamespace(namespace))
+        return released
     actions: list[Action] = []
     if not _deleting_now(downstream):
         actions.append(Delete(namespace, name, _uid(downstream)))
@@ -476,6 +557,13 @@ def _gone(
                     confirm_upstream_absent=True,
                 )
             )
+    actions.extend(
+        _related_cleanup(
+            downstream_namespace(key.cluster, key.namespace, prefix=ctx.namespace_prefix),
+            ctx,
+            clean=downstream is None,
+        )
+    )
     if tombstone is not None and left_view_holding(tombstone, ctx.finalizer):
         actions.append(
             Stuck(
@@ -484,6 +572,18 @@ def _gone(
                 "removed through this endpoint (the object is no longer visible there)"
             )
         )
+    return actions
+
+
+def _related_cleanup(namespace: str, ctx: Context, *, clean: bool = True) -> list[Action]:
+    """Where an object is gone (or going): the copy actions of its namespace (deletions of
+    copies nothing needs), and, ``clean``, the namespace's removal when nothing of ours is
+    left in it."""
+    actions: list[Action] = []
+    if ctx.related is not None and (ctx.related.down or ctx.related.up):
+        actions.append(RelatedCopies(ctx.related.down + ctx.related.up))
+    if clean and ctx.namespace_unused:
+        actions.append(CleanNamespace(namespace))
     return actions
 
 
