@@ -34,6 +34,7 @@ from vwserver.syncer.related_plan import (
     RelatedPlan,
     Scope,
     member,
+    missing_sources,
     outcome,
     owned_copy,
     plan,
@@ -374,6 +375,24 @@ def test_a_missing_source_is_a_note_not_an_error(specs: tuple[RelatedSpec, ...])
     result = one(specs[0], Inputs(sources={}, copies={}), members(primary("a", "pw")), scope())
     assert result.down == [] and result.problems == []
     assert result.notes == ["related password default/pw: not found"]
+
+
+def test_a_new_primary_reads_the_sources_it_names_that_are_not_cached_yet(
+    specs: tuple[RelatedSpec, ...],
+) -> None:
+    """The slice shows a Secret once a visible object names it, so its watch event may come
+    after the primary's: a new primary's uncached sources are read live before its copy is
+    made — only those, only for origin kcp, only while it has no copy and is not deleting."""
+    password, connection = specs
+    up = primary("a", "pw", "cached")
+    cached = {"cached": secret("cached")}
+    assert missing_sources(password, up, None, cached) == {"pw"}
+    assert missing_sources(password, up, None, {**cached, "pw": secret("pw")}) == frozenset()
+    assert missing_sources(password, up, copy.deepcopy(up), cached) == frozenset()  # has a copy
+    assert missing_sources(password, primary("a", "pw", deleting=True), None, {}) == frozenset()
+    assert missing_sources(password, None, None, {}) == frozenset()
+    users = [{"name": "app", "db": "admin"}]
+    assert missing_sources(connection, primary("a", users=users), None, {}) == frozenset()
 
 
 def test_a_copy_nothing_references_is_deleted_but_a_shared_one_stays(

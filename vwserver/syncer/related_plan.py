@@ -252,6 +252,24 @@ def referenced(spec: RelatedSpec, obj: JSON | None, sources: Mapping[str, JSON])
     return set(names)
 
 
+def missing_sources(
+    spec: RelatedSpec, upstream: JSON | None, downstream: JSON | None, sources: Mapping[str, JSON]
+) -> frozenset[str]:
+    """The related objects of origin ``kcp`` a new primary names that the cache does not hold
+    yet: read live before its copy is created (:meth:`~vwserver.syncer.related_io.RelatedWatch.
+    fetch`). A slice shows a Secret from the moment a visible object references it, so the
+    Secret's ADDED on the syncer's watch can arrive just after the primary's own: without the
+    read, the primary's copy would be created first and the operator would start without its
+    password. Only while the primary is live and has no copy (once per new primary); selectors
+    name nothing (their objects are not made visible by the primary)."""
+    if not spec.copies_down or upstream is None or downstream is not None:
+        return frozenset()
+    if (upstream.get("metadata") or {}).get("deletionTimestamp"):
+        return frozenset()
+    names = spec.names(upstream)
+    return frozenset() if names is None else frozenset(names - sources.keys())
+
+
 def desired_copy(
     spec: RelatedSpec,
     source: JSON,
