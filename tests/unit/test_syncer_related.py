@@ -386,13 +386,32 @@ def test_a_new_primary_reads_the_sources_it_names_that_are_not_cached_yet(
     password, connection = specs
     up = primary("a", "pw", "cached")
     cached = {"cached": secret("cached")}
-    assert missing_sources(password, up, None, cached) == {"pw"}
-    assert missing_sources(password, up, None, {**cached, "pw": secret("pw")}) == frozenset()
-    assert missing_sources(password, up, copy.deepcopy(up), cached) == frozenset()  # has a copy
-    assert missing_sources(password, primary("a", "pw", deleting=True), None, {}) == frozenset()
-    assert missing_sources(password, None, None, {}) == frozenset()
+
+    def missing(spec: RelatedSpec, obj: Any, down: Any, sources: Any) -> frozenset[str]:
+        key = ObjectKey("c1", "default", "a")
+        m = member(key, obj, down, syncer=SYNCER, current=key, too_large=False)
+        return missing_sources(spec, m, sources)
+
+    assert missing(password, up, None, cached) == {"pw"}
+    assert missing(password, primary("a", "pw", claimed=False), None, {}) == {"pw"}  # claimed now
+    assert missing(password, up, None, {**cached, "pw": secret("pw")}) == frozenset()
+    assert missing(password, up, copy.deepcopy(up), cached) == frozenset()  # it has a copy
+    assert missing(password, primary("a", "pw", deleting=True), None, {}) == frozenset()
+    assert missing(password, None, None, {}) == frozenset()
+    other = primary("a", "pw", claimed=False)
+    other["metadata"]["finalizers"] = ["sync.edge-connect.eu/syncer-us"]
+    other["metadata"]["managedFields"] = [
+        {
+            "manager": field_manager("us"),
+            "operation": "Update",
+            "fieldsV1": {
+                "f:metadata": {"f:finalizers": {'v:"sync.edge-connect.eu/syncer-us"': {}}}
+            },
+        }
+    ]
+    assert missing(password, other, None, {}) == frozenset()  # another syncer's
     users = [{"name": "app", "db": "admin"}]
-    assert missing_sources(connection, primary("a", users=users), None, {}) == frozenset()
+    assert missing(connection, primary("a", users=users), None, {}) == frozenset()
 
 
 def test_a_copy_nothing_references_is_deleted_but_a_shared_one_stays(

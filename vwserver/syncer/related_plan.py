@@ -253,20 +253,21 @@ def referenced(spec: RelatedSpec, obj: JSON | None, sources: Mapping[str, JSON])
 
 
 def missing_sources(
-    spec: RelatedSpec, upstream: JSON | None, downstream: JSON | None, sources: Mapping[str, JSON]
+    spec: RelatedSpec, primary: Member | None, sources: Mapping[str, JSON]
 ) -> frozenset[str]:
     """The related objects of origin ``kcp`` a new primary names that the cache does not hold
     yet: read live before its copy is created (:meth:`~vwserver.syncer.related_io.RelatedWatch.
     fetch`). A slice shows a Secret from the moment a visible object references it, so the
     Secret's ADDED on the syncer's watch can arrive just after the primary's own: without the
     read, the primary's copy would be created first and the operator would start without its
-    password. Only while the primary is live and has no copy (once per new primary); selectors
-    name nothing (their objects are not made visible by the primary)."""
-    if not spec.copies_down or upstream is None or downstream is not None:
+    password. Only for a primary this syncer syncs (:func:`member`: live, ours or unclaimed)
+    that has no copy yet — once per new primary; selectors name nothing (their objects are not
+    made visible by the primary)."""
+    if not spec.copies_down or primary is None or primary.role != "syncs":
         return frozenset()
-    if (upstream.get("metadata") or {}).get("deletionTimestamp"):
+    if primary.downstream is not None:
         return frozenset()
-    names = spec.names(upstream)
+    names = spec.names(primary.upstream)
     return frozenset() if names is None else frozenset(names - sources.keys())
 
 

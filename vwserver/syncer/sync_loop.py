@@ -815,13 +815,21 @@ class ResourceController:
         live (:func:`~vwserver.syncer.related_plan.missing_sources`): copies down go before
         the primary's copy even when the source's watch event comes after the primary's."""
         fetched: dict[str, dict[str, JSON]] = {}
-        if endpoint is None:
+        if endpoint is None or not self.related:
             return fetched
         pair = (key.cluster, key.namespace)
         down_ns = self._namespace_of(key)
+        primary = related_plan.member(
+            key,
+            upstream,
+            downstream,
+            syncer=self.config.name,
+            current=key,
+            too_large=upstream is not None and self.too_large(key) is not None,
+        )
         for watch in self.related:
             sources = watch.inputs(pair, down_ns).sources
-            missing = related_plan.missing_sources(watch.spec, upstream, downstream, sources)
+            missing = related_plan.missing_sources(watch.spec, primary, sources)
             if missing:
                 fetched[watch.spec.name] = await watch.fetch(pair, missing, endpoint=endpoint)
         return fetched
