@@ -17,10 +17,13 @@ provider would assemble them, so that it shows the product and proves those piec
   (:class:`devenv.mongo_operator.MongoOperator`, in this process);
 * ``vwserver sync`` as its own process, with a config written next to vwserver's, shaped like
   ``config/syncer.example.yaml`` (syncer ``eu``, the slice read from kcp, its endpoints trusted
-  with vwserver's CA, ``mongoUri`` kept downstream).
+  with vwserver's CA, ``mongoUri`` kept downstream, and the related Secrets of :data:`RELATED`:
+  the password Secret copied down, the operator's connection-string Secret copied up).
 
-Then it prints kubectl lines: create the sample database (``config/syncer/sample.yaml``), watch
-or wait for its status, look at the downstream copy, delete it. :func:`story_lines` is their one
+Then it prints kubectl lines: create the sample database and its password Secret
+(``config/syncer/sample.yaml``), watch or wait for its status (``Pending`` until the password
+has reached the operator), look at the downstream copy and the Secrets on both sides, delete it
+and see every copy go. :func:`story_lines` is their one
 source (a pure function of where things are); ``tests/e2e/test_seed_story_kcp.py`` runs each of
 them as printed against a story started by :func:`seed_story`, the code ``make run-sync`` runs.
 
@@ -64,12 +67,12 @@ from devenv.demo import (
 )
 from devenv.kcp import KcpError, KcpInstance, build_kcp, start_kcp
 from devenv.kubeapi import KubeAPIServer
-from devenv.mongo_operator import API, PLURAL, MongoOperator
+from devenv.mongo_operator import API, PLURAL, MongoOperator, connection_secret_name, users_of
 from devenv.slices import bind_api, install_api, slice_manifest
 from vwserver.files import write_private
 from vwserver.k8s.client import KubeClient
 from vwserver.k8s.kubeconfig import load_kubeconfig
-from vwserver.syncer.naming import LABEL_SYNCER
+from vwserver.syncer.naming import LABEL_SYNCER, downstream_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "config" / "syncer"
@@ -94,6 +97,32 @@ SLICE_RELATED: list[dict[str, Any]] = [
         },
     },
     {"resource": "secrets", "selector": {"matchLabels": {LABEL_SYNCER: SYNCER}}},
+]
+#: The syncer's related resources of each database (``resources[0].related`` of its config,
+#: and of config/syncer.example.yaml): the password Secret its users name, copied down before
+#: the database (found by the same path as the slice's referencedBy rule), and the
+#: connection-string Secret the operator writes downstream, ``<database>-<db>-<user>``, copied
+#: up into the consumer's namespace with the syncer's owner label (which the slice's selector
+#: rule shows, so that the write passes the slice).
+RELATED: list[dict[str, Any]] = [
+    {
+        "name": "password",
+        "origin": "kcp",
+        "group": "",
+        "version": "v1",
+        "resource": "secrets",
+        "kind": "Secret",
+        "reference": {"path": "spec.users[*].passwordSecretRef.name"},
+    },
+    {
+        "name": "connection-string",
+        "origin": "downstream",
+        "group": "",
+        "version": "v1",
+        "resource": "secrets",
+        "kind": "Secret",
+        "nameTemplate": "{{ .metadata.name }}-{{ .spec.users[*].db }}-{{ .spec.users[*].name }}",
+    },
 ]
 NAMESPACE_PREFIX = "kcp-"
 #: The workspace of vwserver's own APIExport (``make run`` uses the same).
@@ -149,22 +178,40 @@ class SyncWorld:
 
 @dataclass(frozen=True, kw_only=True)
 class Sample:
-    """The database of ``config/syncer/sample.yaml``, which the printed lines create."""
+    """The database of ``config/syncer/sample.yaml``, which the printed lines create (with
+    the password Secret its user names, created first, from the same file)."""
 
     name: str
     namespace: str
     labels: dict[str, str]
     spec: dict[str, Any]
+    #: The Secrets the file creates next to the database (its password Secret).
+    secrets: tuple[str, ...] = ()
+
+    @property
+    def connection_secrets(self) -> tuple[str, ...]:
+        """What the operator writes downstream for each user, ``<database>-<db>-<user>``, and
+        the syncer copies up (its ``connection-string`` entry's template gives these names)."""
+        obj = {"metadata": {"name": self.name}, "spec": self.spec}
+        return tuple(connection_secret_name(self.name, user) for user in users_of(obj))
 
 
 def sample_database(path: Path = SAMPLE_FILE) -> Sample:
-    doc = yaml.safe_load(path.read_text())
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    doc = next(d for d in docs if d.get("kind") == "MongoDBCommunity")
     meta = doc["metadata"]
+    namespace = meta.get("namespace", "default")
+    secrets = tuple(
+        str(d["metadata"]["name"])
+        for d in docs
+        if d.get("kind") == "Secret" and d["metadata"].get("namespace", "default") == namespace
+    )
     return Sample(
         name=meta["name"],
-        namespace=meta.get("namespace", "default"),
+        namespace=namespace,
         labels=dict(meta.get("labels") or {}),
         spec=dict(doc.get("spec") or {}),
+        secrets=secrets,
     )
 
 
@@ -206,6 +253,12 @@ def story_lines(
     labels = ",".join(f"{k}={v}" for k, v in sample.labels.items()) or "no labels"
     columns = shlex.quote(f"custom-columns={DOWNSTREAM_COLUMNS}")
     see_downstream = f"{downstream} get {PLURAL} -A -o {columns}"
+    copy_ns = downstream_namespace(team.cluster, sample.namespace, prefix=NAMESPACE_PREFIX)
+    owner = f"-L {LABEL_SYNCER}"
+    see_secrets = f"{consumer} get secrets -n {sample.namespace} {owner}"
+    see_downstream_secrets = f"{downstream} get secrets -n {copy_ns} {owner}"
+    passwords = ", ".join(sample.secrets) or "none"
+    connections = ", ".join(sample.connection_secrets) or "none"
     return [
         DemoLine(
             key="slice",
@@ -219,15 +272,16 @@ def story_lines(
             key="create",
             shows=(
                 f"create a database in consumer workspace {team.path} "
-                f"({sample.namespace}/{sample.name}, {labels}):",
+                f"({sample.namespace}/{sample.name}, {labels}) and its password Secret "
+                f"({passwords}):",
             ),
             command=f"{consumer} apply -f {shlex.quote(sample_file)}",
         ),
         DemoLine(
             key="watch",
             shows=(
-                "watch its status arrive from the downstream operator (Pending, then Running; "
-                "Ctrl-C ends the watch):",
+                "watch its status arrive from the downstream operator (Pending until its "
+                "password Secret is there, then Running; Ctrl-C ends the watch):",
             ),
             command=f"{consumer} get {db} -w -o {shlex.quote(f'custom-columns={STATUS_COLUMNS}')}",
         ),
@@ -247,10 +301,27 @@ def story_lines(
             command=see_downstream,
         ),
         DemoLine(
+            key="downstream-secrets",
+            shows=(
+                f"next to it, the password Secret the syncer copied down ({passwords}, with "
+                f"its owner label) and the connection string the operator wrote ({connections}):",
+            ),
+            command=see_downstream_secrets,
+        ),
+        DemoLine(
+            key="secrets",
+            shows=(
+                f"in the consumer workspace, the password Secret and the connection string the "
+                f"syncer brought back ({connections}; its owner label is what the slice shows "
+                f"syncer {SYNCER}):",
+            ),
+            command=see_secrets,
+        ),
+        DemoLine(
             key="delete",
             shows=(
-                "delete it: kcp keeps it until the syncer has deleted the downstream copy "
-                "(its finalizer); kubectl waits for that:",
+                "delete it: kcp keeps it until the syncer has deleted the downstream copy and "
+                "the copied Secrets (its finalizer); kubectl waits for that:",
             ),
             command=f"{consumer} delete {db}",
         ),
@@ -258,6 +329,22 @@ def story_lines(
             key="downstream-gone",
             shows=("the downstream copy is gone:",),
             command=see_downstream,
+        ),
+        DemoLine(
+            key="downstream-secrets-gone",
+            shows=(
+                "and so are the Secrets next to it (the operator deletes its connection string "
+                "with the database; the empty namespace goes too):",
+            ),
+            command=see_downstream_secrets,
+        ),
+        DemoLine(
+            key="secrets-gone",
+            shows=(
+                "in the consumer workspace only your own password Secret is left (the "
+                "connection string's copy is gone):",
+            ),
+            command=see_secrets,
         ),
     ]
 
@@ -432,6 +519,7 @@ def write_syncer_files(run_dir: Path, *, kcp: KcpInstance, world: SyncWorld) -> 
                 "resource": PLURAL,
                 "kind": "MongoDBCommunity",
                 "statusExclude": ["mongoUri"],
+                "related": RELATED,
             }
         ],
         "namespacePrefix": NAMESPACE_PREFIX,

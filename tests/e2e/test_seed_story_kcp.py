@@ -195,6 +195,48 @@ def table(stdout: str) -> list[dict[str, str]]:
     return [dict(zip(header, row, strict=True)) for row in rows]
 
 
+def aligned(stdout: str) -> dict[str, dict[str, str]]:
+    """kubectl's aligned table (``get -L``: a label column may be empty) by its first column:
+    cells are cut where the header's columns start."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header, *rows = lines
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    names = header.split()
+    assert len(starts) == len(names), header
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    out = {}
+    for row in rows:
+        cells = {n: row[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)}
+        out[cells[names[0]]] = cells
+    return out
+
+
+async def secrets_shown(printed: Printed, key: str, want: set[str]) -> dict[str, dict[str, str]]:
+    """Run the printed secrets line ``key`` until it lists exactly ``want`` (the syncer and
+    the operator converge a moment after the line before)."""
+    shown: dict[str, dict[str, str]] = {}
+
+    async def listed() -> bool:
+        nonlocal shown
+        ran = await run_line(printed, key)
+        assert ran.returncode == 0, ran.stderr
+        shown = aligned(ran.stdout)
+        return set(shown) == want
+
+    try:
+        await eventually(f"line {key} listing {sorted(want)}", listed)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; it shows {shown}") from None
+    return shown
+
+
+def decoded(secret: dict[str, Any] | None) -> dict[str, str]:
+    data = (secret or {}).get("data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
 async def kcp_get(printed: Printed, server: str, *args: str) -> dict[str, Any] | None:
     """An object (or list) as kcp-admin reads it from kcp; None when it does not exist."""
     result = await printed.kcp.kubectl(
@@ -245,7 +287,19 @@ async def eventually(what: str, probe: Callable[[], Any], *, within: float = TIM
 # The printed text
 
 
-CHECKED = {"slice", "create", "watch", "wait", "downstream", "delete", "downstream-gone"}
+CHECKED = {
+    "slice",
+    "create",
+    "watch",
+    "wait",
+    "downstream",
+    "downstream-secrets",
+    "secrets",
+    "delete",
+    "downstream-gone",
+    "downstream-secrets-gone",
+    "secrets-gone",
+}
 
 
 async def test_every_printed_line_is_checked_here(story: Printed) -> None:
@@ -284,7 +338,12 @@ async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed)
 
     created = await run_line(story, "create")
     assert created.returncode == 0, created.stderr
-    assert created.stdout == f"{PLURAL}.{EXPORT}/{sample.name} created\n"
+    assert created.stdout == "".join(
+        [
+            *(f"secret/{s} created\n" for s in sample.secrets),
+            f"{PLURAL}.{EXPORT}/{sample.name} created\n",
+        ]
+    )
 
     # the watch, in the background, until it shows the database Running and Synced
     rows: list[list[str]] = []
@@ -348,6 +407,26 @@ async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed)
     } in table(seen.stdout)
     assert any(f"{namespace}/{sample.name} is Running" in line for line in story.said)
 
+    # the Secrets on both sides: the password copied down (the syncer's owner label), the
+    # operator's connection string downstream, and its copy up in the consumer's namespace
+    (password,) = sample.secrets
+    (connection,) = sample.connection_secrets
+    down = await secrets_shown(story, "downstream-secrets", {password, connection})
+    assert down[password]["SYNCER"] == SYNCER
+    assert down[connection]["SYNCER"] == ""  # the operator's own
+    up_secrets = await secrets_shown(story, "secrets", {password, connection})
+    assert up_secrets[password]["SYNCER"] == ""  # the consumer's own
+    assert up_secrets[connection]["SYNCER"] == SYNCER
+    team = story.story.world.consumers[0].url
+    source = await kcp_get(story, team, "secret", password, "-n", sample.namespace)
+    copied = await downstream_get(story, "secret", password, "-n", namespace)
+    assert decoded(copied) == decoded(source) == {"password": "change-me"}
+    written = await downstream_get(story, "secret", connection, "-n", namespace)
+    brought = await kcp_get(story, team, "secret", connection, "-n", sample.namespace)
+    assert decoded(brought) == decoded(written)
+    assert decoded(brought)["connectionString.standard"].startswith("mongodb://app:change-me@")
+    assert brought is not None and brought["metadata"]["labels"][LABEL_SYNCER] == SYNCER
+
     # delete: kubectl waits until kcp has removed it, which the syncer's finalizer holds until
     # the downstream copy is gone
     deleted = await run_line(story, "delete")
@@ -358,6 +437,20 @@ async def test_the_story_create_watch_wait_see_downstream_delete(story: Printed)
     gone = await run_line(story, "downstream-gone")
     assert gone.returncode == 0, gone.stderr
     assert table(gone.stdout) == []  # custom-columns prints its header, and no row
+    # the syncer removed the connection string's copy before its finalizer went
+    assert await kcp_get(story, team, "secret", connection, "-n", sample.namespace) is None
+    left = await secrets_shown(story, "secrets-gone", {password})
+    assert left[password]["SYNCER"] == ""
+    await secrets_shown(story, "downstream-secrets-gone", set())
+    ran = await run_line(story, "downstream-secrets-gone")
+    assert ran.stdout == "" and f"No resources found in {namespace} namespace." in ran.stderr
+
+    async def namespace_gone() -> bool:
+        found = await downstream_get(story, "namespace", namespace)
+        # a bare kube-apiserver has no namespace controller: deleted means Terminating there
+        return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+    await eventually(f"the empty namespace {namespace} deleted", namespace_gone, within=90)
 
 
 async def test_a_database_outside_the_slice_is_not_synced(story: Printed) -> None:
@@ -391,11 +484,12 @@ async def test_a_database_outside_the_slice_is_not_synced(story: Printed) -> Non
 
 
 def yaml_doc(sample: Sample, *, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The sample's database without users (no password Secret to wait for)."""
     return {
         "apiVersion": f"{EXPORT}/v1",
         "kind": "MongoDBCommunity",
         "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": sample.spec,
+        "spec": {k: v for k, v in sample.spec.items() if k != "users"},
     }
 
 

@@ -34,6 +34,7 @@ from vwserver.syncer.related_plan import (
     RelatedPlan,
     Scope,
     member,
+    missing_sources,
     outcome,
     owned_copy,
     plan,
@@ -374,6 +375,43 @@ def test_a_missing_source_is_a_note_not_an_error(specs: tuple[RelatedSpec, ...])
     result = one(specs[0], Inputs(sources={}, copies={}), members(primary("a", "pw")), scope())
     assert result.down == [] and result.problems == []
     assert result.notes == ["related password default/pw: not found"]
+
+
+def test_a_new_primary_reads_the_sources_it_names_that_are_not_cached_yet(
+    specs: tuple[RelatedSpec, ...],
+) -> None:
+    """The slice shows a Secret once a visible object names it, so its watch event may come
+    after the primary's: a new primary's uncached sources are read live before its copy is
+    made — only those, only for origin kcp, only while it has no copy and is not deleting."""
+    password, connection = specs
+    up = primary("a", "pw", "cached")
+    cached = {"cached": secret("cached")}
+
+    def missing(spec: RelatedSpec, obj: Any, down: Any, sources: Any) -> frozenset[str]:
+        key = ObjectKey("c1", "default", "a")
+        m = member(key, obj, down, syncer=SYNCER, current=key, too_large=False)
+        return missing_sources(spec, m, sources)
+
+    assert missing(password, up, None, cached) == {"pw"}
+    assert missing(password, primary("a", "pw", claimed=False), None, {}) == {"pw"}  # claimed now
+    assert missing(password, up, None, {**cached, "pw": secret("pw")}) == frozenset()
+    assert missing(password, up, copy.deepcopy(up), cached) == frozenset()  # it has a copy
+    assert missing(password, primary("a", "pw", deleting=True), None, {}) == frozenset()
+    assert missing(password, None, None, {}) == frozenset()
+    other = primary("a", "pw", claimed=False)
+    other["metadata"]["finalizers"] = ["sync.edge-connect.eu/syncer-us"]
+    other["metadata"]["managedFields"] = [
+        {
+            "manager": field_manager("us"),
+            "operation": "Update",
+            "fieldsV1": {
+                "f:metadata": {"f:finalizers": {'v:"sync.edge-connect.eu/syncer-us"': {}}}
+            },
+        }
+    ]
+    assert missing(password, other, None, {}) == frozenset()  # another syncer's
+    users = [{"name": "app", "db": "admin"}]
+    assert missing(connection, primary("a", users=users), None, {}) == frozenset()
 
 
 def test_a_copy_nothing_references_is_deleted_but_a_shared_one_stays(

@@ -26,17 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from vwserver.clock import Clock
-from vwserver.errors import ApiConflict, ApiNotFound, OwnershipError
+from vwserver.errors import ApiConflict, ApiError, ApiNotFound, OwnershipError, UpstreamUnavailable
 from vwserver.k8s import kcp
 from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import ResourceType
-from vwserver.syncer.memory import UPSTREAM_PAGE, TenantBudget, stub
+from vwserver.syncer.memory import UPSTREAM_PAGE, TenantBudget, object_size, stub
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import (
     ANN_CLUSTER,
@@ -288,9 +288,12 @@ class RelatedWatch:
         groups = (g for r in self.reflectors.values() for g in r.handler.groups)
         return {g for g in groups if isinstance(g, tuple)}
 
-    def inputs(self, pair: Pair, downstream_namespace: str) -> Inputs:
-        """What the caches hold for the namespace ``pair`` (its downstream namespace given)."""
-        up: dict[str, JSON] = {}
+    def inputs(
+        self, pair: Pair, downstream_namespace: str, *, fetched: Mapping[str, JSON] | None = None
+    ) -> Inputs:
+        """What the caches hold for the namespace ``pair`` (its downstream namespace given);
+        ``fetched``: sources of origin kcp just read live (:meth:`fetch`), not yet cached."""
+        up: dict[str, JSON] = dict(fetched or {})
         for reflector in self.reflectors.values():
             up.update(reflector.handler.in_group(pair))
         down = dict(self.downstream_reflector.handler.in_group(downstream_namespace))
@@ -312,6 +315,33 @@ class RelatedWatch:
                     if key is not None and (reason := budget.too_large.get(key)) is not None:
                         too_large[name] = reason
         return Inputs(sources=sources, copies=copies, too_large=too_large)
+
+    async def fetch(self, pair: Pair, names: Iterable[str], *, endpoint: str) -> dict[str, JSON]:
+        """Sources of origin kcp named by a new primary that the cache does not hold yet, read
+        live through ``endpoint`` (:func:`~vwserver.syncer.related_plan.missing_sources` says
+        which, at most the names one object references). Only for this one plan: the cache
+        keeps what its watch says (a missing one, a syncer's copy or one over
+        ``maxObjectBytes`` is left to it, and to the note or condition the plan then gives)."""
+        found: dict[str, JSON] = {}
+        cluster, namespace = pair
+        for name in sorted(names):
+            url = self.type.item(kcp.clusters(endpoint, cluster), namespace, name)
+            try:
+                obj = await self._upstream.get(url)
+            except (ApiError, UpstreamUnavailable) as e:
+                log.debug(
+                    "%s: related %s: cannot read %s/%s: %s",
+                    self._metrics_name,
+                    self.spec.name,
+                    namespace,
+                    name,
+                    e,
+                )
+                continue
+            if obj is None or is_syncer_copy(obj) or object_size(obj) > self._max_object:
+                continue
+            found[name] = obj
+        return found
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -252,6 +252,25 @@ def referenced(spec: RelatedSpec, obj: JSON | None, sources: Mapping[str, JSON])
     return set(names)
 
 
+def missing_sources(
+    spec: RelatedSpec, primary: Member | None, sources: Mapping[str, JSON]
+) -> frozenset[str]:
+    """The related objects of origin ``kcp`` a new primary names that the cache does not hold
+    yet: read live before its copy is created (:meth:`~vwserver.syncer.related_io.RelatedWatch.
+    fetch`). A slice shows a Secret from the moment a visible object references it, so the
+    Secret's ADDED on the syncer's watch can arrive just after the primary's own: without the
+    read, the primary's copy would be created first and the operator would start without its
+    password. Only for a primary this syncer syncs (:func:`member`: live, ours or unclaimed)
+    that has no copy yet — once per new primary; selectors name nothing (their objects are not
+    made visible by the primary)."""
+    if not spec.copies_down or primary is None or primary.role != "syncs":
+        return frozenset()
+    if primary.downstream is not None:
+        return frozenset()
+    names = spec.names(primary.upstream)
+    return frozenset() if names is None else frozenset(names - sources.keys())
+
+
 def desired_copy(
     spec: RelatedSpec,
     source: JSON,

@@ -55,7 +55,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -597,7 +597,8 @@ class ResourceController:
             withheld=self.withheld.get(key, frozenset()),
             too_large=None if upstream is None else self.too_large(key),
         )
-        ctx = self._with_related(key, ctx)
+        fetched = await self._fetch_related(key, upstream, downstream, endpoint=endpoint)
+        ctx = self._with_related(key, ctx, fetched=fetched)
         if endpoint is None:
             endpoint = self._endpoint_of((key.cluster, key.namespace))
         if upstream is None:
@@ -802,9 +803,46 @@ class ResourceController:
                 return endpoint
         return None
 
-    def _with_related(self, key: ObjectKey, ctx: sync_plan.Context) -> sync_plan.Context:
+    async def _fetch_related(
+        self,
+        key: ObjectKey,
+        upstream: JSON | None,
+        downstream: JSON | None,
+        *,
+        endpoint: str | None,
+    ) -> dict[str, dict[str, JSON]]:
+        """Per related entry, the sources a new primary names that are not cached yet, read
+        live (:func:`~vwserver.syncer.related_plan.missing_sources`): copies down go before
+        the primary's copy even when the source's watch event comes after the primary's."""
+        fetched: dict[str, dict[str, JSON]] = {}
+        if endpoint is None or not self.related:
+            return fetched
+        pair = (key.cluster, key.namespace)
+        down_ns = self._namespace_of(key)
+        primary = related_plan.member(
+            key,
+            upstream,
+            downstream,
+            syncer=self.config.name,
+            current=key,
+            too_large=upstream is not None and self.too_large(key) is not None,
+        )
+        for watch in self.related:
+            sources = watch.inputs(pair, down_ns).sources
+            missing = related_plan.missing_sources(watch.spec, primary, sources)
+            if missing:
+                fetched[watch.spec.name] = await watch.fetch(pair, missing, endpoint=endpoint)
+        return fetched
+
+    def _with_related(
+        self,
+        key: ObjectKey,
+        ctx: sync_plan.Context,
+        *,
+        fetched: Mapping[str, Mapping[str, JSON]] | None = None,
+    ) -> sync_plan.Context:
         """``ctx`` with the related plan of ``key``'s namespace and whether nothing of ours is
-        left there once ``key`` is gone."""
+        left there once ``key`` is gone; ``fetched``: :meth:`_fetch_related`'s."""
         pair = (key.cluster, key.namespace)
         down_ns = self._namespace_of(key)
         members = []
@@ -838,7 +876,10 @@ class ResourceController:
             )
             plan = related_plan.plan(
                 [w.spec for w in self.related],
-                {w.spec.name: w.inputs(pair, down_ns) for w in self.related},
+                {
+                    w.spec.name: w.inputs(pair, down_ns, fetched=(fetched or {}).get(w.spec.name))
+                    for w in self.related
+                },
                 members=members,
                 scope=scope,
             )
