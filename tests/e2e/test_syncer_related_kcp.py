@@ -28,13 +28,10 @@ plus what the syncer's slice shows (its endpoint, as the syncer reads it) and wa
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
 import ssl
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -44,12 +41,13 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from devenv.bootstrap import poll
 from devenv.kcp import KcpInstance
 from devenv.kubeapi import KubeAPIServer
 from devenv.mongo_operator import API, PLURAL
 from devenv.seed_story import NAMESPACE_PREFIX, SLICE, SYNCER, Story, StoryNames, seed_story
 from devenv.slices import KIND
-from tests.e2e.controller_env import API_WS
+from tests.e2e.controller_env import API_WS, unique
 from tests.support.rest import MERGE_PATCH, RestCalls
 from tests.support.watches import Recorder, recording
 from vwserver.syncer.naming import (
@@ -214,21 +212,16 @@ def _url(base: str, namespace: str, resource: str, name: str = "") -> str:
     return f"{url}/{name}" if name else url
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
 async def eventually(
     what: str, probe: Callable[[], Awaitable[T | None]], *, within: float = WAIT
 ) -> T:
-    deadline = time.monotonic() + within
-    while True:
+    """``probe()`` until it returns something other than None/False (devenv's ``poll``)."""
+
+    async def ready() -> T | None:
         value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(0.3)
+        return None if value is False else value
+
+    return await poll(what, ready, within=within, interval=0.3)
 
 
 def decoded(secret: dict[str, Any] | None) -> dict[str, str]:
