@@ -82,6 +82,19 @@ class Served:
         return dict(doc.get("status") or {})
 
 
+async def until(
+    what: str, probe: Callable[[], Awaitable[T | None]], *, within: float, interval: float = 0.3
+) -> T:
+    """``probe()`` until it returns something other than None/False (devenv's ``poll``: kubectl
+    errors count as "not yet")."""
+
+    async def ready() -> T | None:
+        value = await probe()
+        return None if value is False else value
+
+    return await poll(what, ready, within=within, interval=interval)
+
+
 async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
     """Poll ``probe`` until it returns something truthy (``None``/falsy: not yet)."""
 

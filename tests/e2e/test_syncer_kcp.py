@@ -39,6 +39,7 @@ from devenv.bootstrap import (
 )
 from devenv.kcp import KcpInstance
 from devenv.kubeapi import KubeAPIServer
+from tests.e2e.controller_env import until
 from tests.e2e.credentials import (
     exec_runs,
     in_cluster,
@@ -206,15 +207,7 @@ def unique(prefix: str) -> str:
 async def eventually(
     what: str, probe: Callable[[], Awaitable[T | None]], *, within: float = WAIT
 ) -> T:
-    """``probe()`` until it returns something other than None/False."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(0.3)
+    return await until(what, probe, within=within, interval=0.3)
 
 
 async def _setup(

@@ -35,6 +35,7 @@ import pytest_asyncio
 
 from devenv.bootstrap import Bootstrap, Workspace, apply_retrying, poll, wait_workspace_ready
 from devenv.kcp import KcpInstance
+from tests.e2e.controller_env import until
 from tests.support.rest import MERGE_PATCH, RestCalls
 from vwserver.syncer.config import parse_syncer_config
 from vwserver.syncer.naming import (
@@ -309,14 +310,7 @@ def contested_gauge(syncer: Syncer) -> float | None:
 async def eventually(
     what: str, probe: Callable[[], Awaitable[T | None]], *, within: float = WAIT
 ) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
+    return await until(what, probe, within=within, interval=0.2)
 
 
 async def resyncs(syncers: list[Syncer], *, objects: int, rounds: int) -> None:
