@@ -383,7 +383,14 @@ def plan_one(
             continue
         if name in inputs.too_large:
             if name in mine:
-                out.problems.append(Problem("ObjectTooLarge", f"{label}: {inputs.too_large[name]}"))
+                # the related object by kind and name (a tenant reads this: no address)
+                out.problems.append(
+                    Problem(
+                        "ObjectTooLarge",
+                        f"related {spec.name}: {spec.kind} {where}{name} is not copied: "
+                        f"{inputs.too_large[name]}",
+                    )
+                )
             continue
         target = spec.target_name(source)
         if target is None:
