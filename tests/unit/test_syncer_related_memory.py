@@ -41,6 +41,7 @@ from vwserver.syncer.naming import (
     upstream_key,
 )
 from vwserver.syncer.related_io import _CopyAdmission
+from vwserver.syncer.related_plan import owned_copy
 from vwserver.syncer.sync_loop import PERMANENT_BACKOFF
 
 KiB = 1024
@@ -161,7 +162,7 @@ async def test_a_related_object_over_the_budget_is_reported_and_not_resent(
     tmp_path: Path,
 ) -> None:
     """The database names seven 200 KiB Secrets, 1 MiB is room for five: the five are copied,
-    the primary shows ``Synced=False``, ``ObjectTooLarge``, naming the first one not copied
+    the primary shows ``Synced=False``, ``ObjectTooLarge``, naming the two not copied
     (kind and name, no address); the key is on the long backoff, and a resync does not queue
     it; another workspace's database syncs."""
     bed = bed_with_related(tmp_path)
@@ -176,8 +177,9 @@ async def test_a_related_object_over_the_budget_is_reported_and_not_resent(
     assert applied(bed)[-1].endswith("/things/db")
     synced = condition(bed, "db")
     assert (synced["status"], synced["reason"]) == ("False", "ObjectTooLarge")
-    assert synced["message"].startswith("related password: Secret default/pw-5 is not copied: ")
-    assert "Secret default/pw-6" in synced["message"]
+    assert synced["message"].startswith(
+        "related password: Secret default/pw-5, default/pw-6 are not copied: "
+    )
     assert "1048576 bytes in total" in synced["message"]
     for address in ("vw.example", "downstream.example", DOWNSTREAM, UPSTREAM, "http"):
         assert address not in synced["message"]
@@ -266,7 +268,7 @@ def test_copies_beyond_the_syncers_own_are_kept_as_metadata() -> None:
     forged = owned_copy_of(secret("pw", size=2 * MiB), down_ns="kcp-x")
     forged["metadata"]["managedFields"][0]["manager"] = "kubectl-edit"
     kept = admission.admit("ADDED", forged)
-    assert "data" not in kept and "labels" not in kept["metadata"]
+    assert "data" not in kept and not owned_copy(kept, syncer="eu", label="password")
     inflated = owned_copy_of(secret("pw", size=300 * KiB), down_ns="kcp-x")
     kept = admission.admit("MODIFIED", inflated)
     assert "data" not in kept and kept["metadata"] == inflated["metadata"]
@@ -291,3 +293,32 @@ def test_the_ledger_is_one_budget_across_reflectors() -> None:
     related.admit("DELETED", secret("b"))
     assert "data" in primaries.admit("MODIFIED", secret("d"))
     assert primaries.held_bytes + related.held_bytes == sum(ledger.cluster_bytes.values())
+
+
+async def test_a_related_object_found_by_selector_is_reported_when_too_large(
+    tmp_path: Path,
+) -> None:
+    """A stub keeps its labels: a Secret found by a label selector that is over
+    ``maxObjectBytes`` is still found, and reported on the primary instead of left out."""
+    creds = {
+        "name": "creds",
+        "origin": "kcp",
+        "version": "v1",
+        "resource": "secrets",
+        "kind": "Secret",
+        "selector": {"matchLabels": {"app": "shop"}},
+    }
+    bed = bed_with_related(tmp_path, related=[creds])
+    (key,) = bed.list_upstream(database("db"))
+    known_namespace(bed, key)
+    small, big = secret("small"), secret("big", size=300 * KiB)
+    for s in (small, big):
+        s["metadata"]["labels"] = {"app": "shop"}
+    list_related(bed, "creds", small, big)
+    await process(bed, key)
+    assert [u.rsplit("/", 1)[1] for u in applied(bed) if "/secrets/" in u] == ["small"]
+    synced = condition(bed, "db")
+    assert synced["reason"] == "ObjectTooLarge"
+    assert synced["message"].startswith("related creds: Secret default/big is not copied: ")
+    assert "bytes per object" in synced["message"]
+    bed.controller.queue.shutdown()

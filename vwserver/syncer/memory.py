@@ -8,12 +8,13 @@ de-duplication, per synced resource:
 
 * **per object** (``resources[].maxObjectBytes``, default 256 KiB of JSON as kcp sends it): a
   larger object is kept only as a *stub* — the metadata the sync decisions read (identity,
-  finalizers and their ``managedFields`` claims, deletion) and its ``status.conditions`` (so the
-  ``Synced=False`` condition is written as a change of one condition, not of the whole list) —
-  and never copied downstream. The reflector asks (:class:`TenantBudget`) as each object is
-  decoded, so a list holds at most one page of full objects (the syncer lists kcp in pages of
-  :data:`UPSTREAM_PAGE` objects). It shows ``Synced=False``, reason ``ObjectTooLarge``, and is
-  retried on the long backoff of permanent errors; its next change is looked at again.
+  labels, finalizers and their ``managedFields`` claims, deletion) and its
+  ``status.conditions`` (so the ``Synced=False`` condition is written as a change of one
+  condition, not of the whole list) — and never copied downstream. The reflector asks
+  (:class:`TenantBudget`) as each object is decoded, so a list holds at most one page of full
+  objects (the syncer lists kcp in pages of :data:`UPSTREAM_PAGE` objects). It shows
+  ``Synced=False``, reason ``ObjectTooLarge``, and is retried on the long backoff of permanent
+  errors; its next change is looked at again.
 * **per tenant** (``resources[].maxClusterBytes``, default 32 MiB): the objects of one logical
   cluster kept in full add up to at most this — one budget (:class:`TenantLedger`) for the
   resource's primaries on every endpoint *and* the sources of all its ``related[]`` entries
@@ -52,6 +53,8 @@ UPSTREAM_PAGE = 20
 SHARE_AT = 1024
 #: ``status.conditions`` of a stub are kept up to this size (JSON bytes), else dropped.
 STUB_CONDITIONS = 16 * 1024
+#: ``metadata.labels`` of a stub are kept up to this size (JSON bytes), else dropped.
+STUB_LABELS = 16 * 1024
 
 _encode = msgspec.json.encode
 # metadata a stub keeps: what plan() and the finalizer claims read
@@ -75,9 +78,15 @@ def object_size(obj: JSON) -> int:
 def stub(obj: JSON) -> JSON:
     """What is kept of an object over a bound: identity, finalizers and their claims (the
     ``managedFields`` entries' finalizer members only), deletion, the logical cluster, and
-    ``status.conditions`` if they are small."""
+    ``metadata.labels`` and ``status.conditions`` if they are small. The labels, because a
+    related object found by a label selector must still be found when it is a stub — else it
+    would be silently left out instead of reported ``ObjectTooLarge`` — and a syncer's copy
+    must still be known as one (:func:`~vwserver.syncer.related_plan.is_syncer_copy`)."""
     meta = obj.get("metadata") or {}
     kept: JSON = {k: meta[k] for k in _STUB_METADATA if k in meta}
+    labels = meta.get("labels")
+    if isinstance(labels, dict) and labels and len(_encode(labels)) <= STUB_LABELS:
+        kept["labels"] = labels
     cluster = kcp.logical_cluster(obj)
     if cluster:
         kept["annotations"] = {kcp.CLUSTER_ANNOTATION: cluster}
@@ -204,8 +213,8 @@ class TenantBudget:
         if not self.ledger.charge(account, size):
             self.too_large[key] = (
                 f"this workspace's objects of this resource and their related objects exceed "
-                f"this syncer's limit of {self.ledger.max_cluster_bytes} bytes in total; this "
-                f"one ({size} bytes) is not synced until others are smaller or gone"
+                f"this syncer's limit of {self.ledger.max_cluster_bytes} bytes in total (this "
+                f"object: {size} bytes); not synced until others are smaller or gone"
             )
             return stub(obj)
         self._sizes[key] = (account, size)
