@@ -180,12 +180,24 @@ async def running(*syncers: Syncer) -> AsyncIterator[asyncio.Event]:
 
 
 async def settled(w: RelatedWorld) -> None:
-    """s1 and s2 copied down, w1 copied, the operator's w1-conn written and copied up."""
+    """s1 and s2 copied down, then w1, the operator's w1-conn written and copied up."""
     await eventually("s1, s2 copied down", lambda: _value(w.copy_down("s1") and w.copy_down("s2")))
     namespace = w.down_ns()
-    assert w.downstream.get(
-        cluster=DOWN_CLUSTER, namespace=namespace, name="w1", resource="widgets"
+    primary = await eventually(
+        "w1 copied",
+        lambda: _value(
+            w.downstream.get(
+                cluster=DOWN_CLUSTER, namespace=namespace, name="w1", resource="widgets"
+            )
+        ),
     )
+    # the copies down were made first (one store: its resourceVersions order every write)
+    created = [
+        int(obj["metadata"]["resourceVersion"])
+        for obj in (w.copy_down("s1"), w.copy_down("s2"))
+        if obj
+    ]
+    assert max(created) < int(primary["metadata"]["resourceVersion"])
     if w.downstream.get(cluster=DOWN_CLUSTER, namespace=namespace, name="w1-conn",
                         resource="secrets") is None:  # fmt: skip
         w.downstream.create(cluster=DOWN_CLUSTER, obj=secret("w1-conn", namespace, "conn-1"))

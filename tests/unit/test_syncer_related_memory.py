@@ -322,3 +322,22 @@ async def test_a_related_object_found_by_selector_is_reported_when_too_large(
     assert synced["message"].startswith("related creds: Secret default/big is not copied: ")
     assert "bytes per object" in synced["message"]
     bed.controller.queue.shutdown()
+
+
+async def test_a_new_copy_waits_for_the_related_caches_first_lists(tmp_path: Path) -> None:
+    """Until the related sources have listed, a new primary is not copied (its Secrets found
+    by selector are not known yet, and they go first); once they have, they do go first."""
+    bed = bed_with_related(tmp_path)
+    watch = bed.controller.related[0]
+    sources = watch.reflectors[UPSTREAM]
+    sources.synced.clear()
+    (key,) = bed.list_upstream(database("db", "pw"))
+    known_namespace(bed, key)
+    await process(bed, key)
+    assert applied(bed) == [] and bed.upstream.calls == []
+    assert key in bed.controller.queue._waiting  # looked at again shortly
+    list_related(bed, "password", secret("pw"))
+    sources.synced.set()
+    await bed.controller._process(key)
+    assert [u.rsplit("/", 1)[1] for u in applied(bed)] == ["pw", "db"]
+    bed.controller.queue.shutdown()

@@ -584,6 +584,10 @@ class ResourceController:
             self.tombstones.pop(key, None)
             self._clear_stuck(key)
         downstream = self.downstream_object(key)
+        if upstream is not None and downstream is None and self._related_listing():
+            # a new copy waits for the related caches' first lists: a Secret found by selector
+            # is known only from them, and the copies down go before the primary's copy
+            raise _Wait(0.5, "related objects not listed yet")
         self._confirm_schema(key, upstream, downstream)
         tombstone = self.tombstones.get(key)
         ctx = sync_plan.Context(
@@ -800,6 +804,10 @@ class ResourceController:
             self.queue.add(key)
         if not members:
             self.queue.add(namespace_key(pair))
+
+    def _related_listing(self) -> bool:
+        """Whether a related entry that copies down has not listed both its sides yet."""
+        return any(not w.synced for w in self.related if w.spec.copies_down)
 
     def _endpoint_of(self, pair: Pair) -> str | None:
         for key in self._up_members.get(pair, ()):
