@@ -341,3 +341,40 @@ async def test_a_new_copy_waits_for_the_related_caches_first_lists(tmp_path: Pat
     await bed.controller._process(key)
     assert [u.rsplit("/", 1)[1] for u in applied(bed)] == ["pw", "db"]
     bed.controller.queue.shutdown()
+
+
+async def test_a_downstream_source_counts_against_the_workspace_of_its_namespace(
+    tmp_path: Path,
+) -> None:
+    """Origin downstream: the operator's Secret in a workspace's downstream namespace takes
+    that workspace's budget (the one its primaries use), not a budget of its own."""
+    connection = {
+        "name": "connection",
+        "origin": "downstream",
+        "version": "v1",
+        "resource": "secrets",
+        "kind": "Secret",
+        "nameTemplate": "{{ .metadata.name }}-conn",
+    }
+    bed = bed_with_related(tmp_path, related=[connection])
+    (key,) = bed.list_upstream(database("db"))
+    ledger = bed.controller.ledger
+    before = ledger.cluster_bytes["tenant"]
+    down = secret("db-conn")
+    down["metadata"]["namespace"] = bed.controller._namespace_of(key)
+    del down["metadata"]["annotations"]  # no kcp.io/cluster downstream
+    list_related(bed, "connection", down, downstream=True)
+    assert ledger.cluster_bytes["tenant"] > before + SECRET
+    assert set(ledger.cluster_bytes) == {"tenant"}
+    # past the budget: a stub, and the copy up is not made
+    many = []
+    for i in range(6):
+        s = secret(f"db-conn-{i}")
+        s["metadata"]["namespace"] = down["metadata"]["namespace"]
+        del s["metadata"]["annotations"]
+        many.append(s)
+    list_related(bed, "connection", down, *many, downstream=True)
+    assert ledger.cluster_bytes["tenant"] <= BUDGET
+    (budget,) = bed.controller.related[0]._budgets.values()
+    assert len(budget.too_large) == 2  # 1 MiB: the database and five of the seven
+    bed.controller.queue.shutdown()
