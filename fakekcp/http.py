@@ -20,6 +20,7 @@ from aiohttp import web
 from multidict import MultiDict
 
 from fakekcp import render
+from fakekcp.managed import track
 from fakekcp.patch import PatchError, apply_json_patch, apply_merge_patch
 from fakekcp.render import Output
 from fakekcp.requests import (
@@ -495,6 +496,9 @@ class Handlers:
             target.spec, await self._read_body(request), raw.decode(errors="replace"), None
         )
         assert target.cluster is not None
+        manager = request.query.get("fieldManager")
+        if self.fake.managed_fields and manager and isinstance(body.get("metadata"), dict):
+            body["metadata"]["managedFields"] = track([], manager=manager, body=body, apply=False)
         obj, stored = self.store.create(
             target.spec, target.cluster, target.namespace or "", body, dry_run=dry_run
         )
@@ -585,6 +589,10 @@ class Handlers:
                         "the name of the object () does not match the name on the URL "
                         f"({target.name})"
                     )
+                if self.fake.managed_fields:
+                    patch.setdefault("metadata", {})["managedFields"] = track(
+                        [], manager=query["fieldManager"], body=patch, apply=True
+                    )
                 obj, stored = self.store.create(spec, key[0], key[1], patch, dry_run=dry_run)
                 obj, answer = self._answer(obj, stored, dry_run=dry_run)
                 return self._object_response(request, target.spec, output, obj, answer, 201)
@@ -608,6 +616,14 @@ class Handlers:
         if not isinstance(patched, dict):
             raise bad_request("the patched object is not a JSON object")
         self._check_object(spec, patched, "", target.name)
+        manager = query.get("fieldManager")
+        if self.fake.managed_fields and manager and isinstance(patch, dict) and not status:
+            patched.setdefault("metadata", {})["managedFields"] = track(
+                (existing.obj.get("metadata") or {}).get("managedFields"),
+                manager=manager,
+                body=patch,
+                apply=apply,
+            )
         obj, stored = self.store.update(
             spec, key, patched, status=status, dry_run=dry_run, require_rv=False
         )

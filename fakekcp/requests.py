@@ -77,6 +77,7 @@ class UpstreamSettings(Protocol):
     faults: Faults
     gzip: bool
     bookmark_interval: float
+    managed_fields: bool
 
     @property
     def base_path(self) -> str: ...

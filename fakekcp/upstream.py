@@ -31,8 +31,9 @@ Deliberate choices where kcp or the apiserver left room (see also the module doc
 * Only JSON is served; protobuf/YAML ``Accept`` clauses are skipped (406 if nothing else fits).
 * With ``gzip=True`` every LIST is compressed when the client accepts gzip (the apiserver only
   compresses bodies over 128 KiB; always compressing keeps small test lists meaningful).
-* Server-side apply merges the applied configuration like a JSON merge patch (no managedFields,
-  no conflict detection); a missing object is created, as in kcp's forwarding registry.
+* Server-side apply merges the applied configuration like a JSON merge patch (no conflict
+  detection); a missing object is created, as in kcp's forwarding registry. ``managedFields``
+  are written only with ``managed_fields=True``, as a model (:mod:`fakekcp.managed`).
 * Namespaces are not modelled: any namespace exists.
 
 Layout: this module is the public face (:class:`FakeUpstream`, :func:`start_fake_upstream`, the
@@ -106,6 +107,7 @@ class FakeUpstream:
         bookmark_interval: float = 1.0,
         history_size: int = 10_000,
         gzip: bool = False,
+        managed_fields: bool = False,
     ) -> None:
         specs = list(resources) if resources is not None else [ResourceSpec()]
         if not any((s.group, s.plural) == (APIBINDINGS.group, APIBINDINGS.plural) for s in specs):
@@ -114,6 +116,8 @@ class FakeUpstream:
         self.export_name = export_name
         self.bookmark_interval = bookmark_interval
         self.gzip = gzip
+        #: Write ``metadata.managedFields`` (:mod:`fakekcp.managed`; off: kcp's bytes matter).
+        self.managed_fields = managed_fields
         self.faults = Faults()
         self._store = Store(specs, history_size=history_size)
         self._handlers = Handlers(self, self._store)

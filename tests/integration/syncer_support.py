@@ -26,6 +26,10 @@ from fakekcp.upstream import FakeUpstream, start_fake_upstream
 
 DOWN_CLUSTER = "down"
 WIDGETS = ResourceSpec()  # example.io/v1alpha1 widgets, namespaced, status subresource
+#: Core Secrets: related objects (served by kcp's VW for an accepted permission claim).
+SECRETS = ResourceSpec(
+    group="", version="v1", plural="secrets", kind="Secret", status_subresource=False
+)
 LEASES = ResourceSpec(
     group="coordination.k8s.io",
     version="v1",
@@ -136,10 +140,18 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def downstream_fake() -> AsyncIterator[tuple[FakeUpstream, Namespaces, int, str]]:
+async def downstream_fake(
+    *, resources: tuple[ResourceSpec, ...] = (), managed_fields: bool = False
+) -> AsyncIterator[tuple[FakeUpstream, Namespaces, int, str]]:
     """The downstream cluster: ``(fake, namespaces, port, path)`` — its server URL is
-    ``http://127.0.0.1:<port><path>`` (or a relay's port in front of it)."""
-    fake = FakeUpstream(resources=[WIDGETS, LEASES], bookmark_interval=0.2)
+    ``http://127.0.0.1:<port><path>`` (or a relay's port in front of it); ``resources``: served
+    besides Widgets and Leases; ``managed_fields``: the fake writes them
+    (:mod:`fakekcp.managed`)."""
+    fake = FakeUpstream(
+        resources=[WIDGETS, LEASES, *resources],
+        bookmark_interval=0.2,
+        managed_fields=managed_fields,
+    )
     fake.bind(cluster=DOWN_CLUSTER)
     prefix = f"{fake.base_path}/clusters/{DOWN_CLUSTER}"
     namespaces = Namespaces()

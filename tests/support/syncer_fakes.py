@@ -98,7 +98,7 @@ def controller_bed(tmp_path: Path, *, clock: Any, **config: Any) -> ControllerBe
     budget = controller._budgets[UPSTREAM] = TenantBudget(
         key=upstream_key,
         max_object_bytes=controller.resource.max_object_bytes,
-        max_cluster_bytes=controller.resource.max_cluster_bytes,
+        ledger=controller.ledger,
     )
     controller.upstream_reflectors[UPSTREAM] = Reflector(
         name="upstream things",
@@ -135,3 +135,27 @@ def known_namespace(bed: ControllerBed, key: ObjectKey) -> None:
     url = NAMESPACES.item(DOWNSTREAM, None, namespace)
     metadata = namespace_metadata(key.cluster, key.namespace)
     bed.downstream.objects[url] = {"metadata": {"name": namespace, **metadata}}
+
+
+def start_related(bed: ControllerBed) -> None:
+    """Give the controller's related entries their endpoint reflectors, not running (the test
+    feeds their caches with :func:`list_related`), all of them listed (empty) already."""
+    for watch in bed.controller.related:
+        watch.set_endpoints([UPSTREAM])
+        for task in watch._tasks.values():
+            task.cancel()
+        for reflector in watch.all_reflectors():
+            reflector.synced.set()
+
+
+def list_related(bed: ControllerBed, name: str, *objects: JSON, downstream: bool = False) -> None:
+    """Put ``objects`` in related entry ``name``'s cache as a LIST would: the endpoint's
+    (sources of origin kcp, copies of origin downstream) or ``downstream``'s, through the
+    reflector's admission (its bounds)."""
+    watch = next(w for w in bed.controller.related if w.spec.name == name)
+    reflector = watch.downstream_reflector if downstream else watch.reflectors[UPSTREAM]
+    admission = reflector._admission
+    if admission is not None:
+        admission.begin_list()
+        objects = tuple(admission.admit("LISTED", o) for o in objects)
+    reflector.handler.on_list(list(objects), "1")

@@ -208,10 +208,12 @@ class ResourceConfig(_Strict):
     max_object_bytes: int = 262144
     """Objects larger than this (bytes of JSON, as kcp sends them) are not synced: only their
     metadata is kept in memory, and they show ``Synced=False``, reason ``ObjectTooLarge``
-    (1024 to 3145728)."""
+    (1024 to 3145728). Related objects too: one over it is not copied, and the objects
+    naming it show ``Synced=False``, ``ObjectTooLarge``."""
     max_cluster_bytes: int = 33554432
     """The objects of one consumer workspace kept in full add up to at most this (bytes of
-    JSON); further ones are not synced: ``Synced=False``, reason ``ObjectTooLarge`` (at least
+    JSON) — one budget for this resource's objects and all their related objects; further ones
+    are not synced (or copied): ``Synced=False``, reason ``ObjectTooLarge`` (at least
     ``maxObjectBytes``)."""
     related: list[RelatedConfig] = msgspec.field(default_factory=list)
     """Related objects of each object of this resource (Secrets, ConfigMaps, ...), copied down

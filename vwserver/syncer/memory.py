@@ -8,19 +8,27 @@ de-duplication, per synced resource:
 
 * **per object** (``resources[].maxObjectBytes``, default 256 KiB of JSON as kcp sends it): a
   larger object is kept only as a *stub* — the metadata the sync decisions read (identity,
-  finalizers and their ``managedFields`` claims, deletion) and its ``status.conditions`` (so the
-  ``Synced=False`` condition is written as a change of one condition, not of the whole list) —
-  and never copied downstream. The reflector asks (:class:`TenantBudget`) as each object is
-  decoded, so a list holds at most one page of full objects (the syncer lists kcp in pages of
-  :data:`UPSTREAM_PAGE` objects). It shows ``Synced=False``, reason ``ObjectTooLarge``, and is
-  retried on the long backoff of permanent errors; its next change is looked at again.
+  labels, finalizers and their ``managedFields`` claims, deletion) and its
+  ``status.conditions`` (so the ``Synced=False`` condition is written as a change of one
+  condition, not of the whole list) — and never copied downstream. The reflector asks
+  (:class:`TenantBudget`) as each object is decoded, so a list holds at most one page of full
+  objects (the syncer lists kcp in pages of :data:`UPSTREAM_PAGE` objects). It shows
+  ``Synced=False``, reason ``ObjectTooLarge``, and is retried on the long backoff of permanent
+  errors; its next change is looked at again.
 * **per tenant** (``resources[].maxClusterBytes``, default 32 MiB): the objects of one logical
-  cluster kept in full add up to at most this; past it, further objects of that cluster are
-  stubs the same way (first come, first kept, in the order kcp lists and sends them). A stub is
-  admitted in full at its next change (or relist) if the budget has room by then.
+  cluster kept in full add up to at most this — one budget (:class:`TenantLedger`) for the
+  resource's primaries on every endpoint *and* the sources of all its ``related[]`` entries
+  (a consumer's Secrets count against the same budget as its databases); past it, further
+  objects of that cluster are stubs the same way (first come, first kept, in the order kcp
+  lists and sends them). A stub is admitted in full at its next change (or relist) if the
+  budget has room by then. A primary whose related object is a stub shows ``Synced=False``,
+  ``ObjectTooLarge``, naming that object.
 * **no duplicate copies**: a downstream copy's strings of 1 KiB or more that equal the upstream
   object's at the same place are replaced by the upstream object's string (one object in memory,
-  not two) — the copy's ``spec`` is the consumer's ``spec``.
+  not two) — the copy's ``spec`` is the consumer's ``spec``. Related objects likewise: a
+  copy and its source share their big strings (a Secret's ``data``), whichever is cached first
+  (:mod:`~vwserver.syncer.related_io`); copies are not charged to the budget, since what they
+  hold beyond their metadata is their source's.
 
 Sizes are measured by encoding the decoded object once when it arrives (the transient copy of
 one object at a time is the cost). Pure, apart from the caches' own state.
@@ -45,6 +53,8 @@ UPSTREAM_PAGE = 20
 SHARE_AT = 1024
 #: ``status.conditions`` of a stub are kept up to this size (JSON bytes), else dropped.
 STUB_CONDITIONS = 16 * 1024
+#: ``metadata.labels`` of a stub are kept up to this size (JSON bytes), else dropped.
+STUB_LABELS = 16 * 1024
 
 _encode = msgspec.json.encode
 # metadata a stub keeps: what plan() and the finalizer claims read
@@ -68,9 +78,15 @@ def object_size(obj: JSON) -> int:
 def stub(obj: JSON) -> JSON:
     """What is kept of an object over a bound: identity, finalizers and their claims (the
     ``managedFields`` entries' finalizer members only), deletion, the logical cluster, and
-    ``status.conditions`` if they are small."""
+    ``metadata.labels`` and ``status.conditions`` if they are small. The labels, because a
+    related object found by a label selector must still be found when it is a stub — else it
+    would be silently left out instead of reported ``ObjectTooLarge`` — and a syncer's copy
+    must still be known as one (:func:`~vwserver.syncer.related_plan.is_syncer_copy`)."""
     meta = obj.get("metadata") or {}
     kept: JSON = {k: meta[k] for k in _STUB_METADATA if k in meta}
+    labels = meta.get("labels")
+    if isinstance(labels, dict) and labels and len(_encode(labels)) <= STUB_LABELS:
+        kept["labels"] = labels
     cluster = kcp.logical_cluster(obj)
     if cluster:
         kept["annotations"] = {kcp.CLUSTER_ANNOTATION: cluster}
@@ -99,31 +115,85 @@ def stub(obj: JSON) -> JSON:
     return result
 
 
+class TenantLedger:
+    """The per-tenant bound of one synced resource: the bytes kept in full per *account* (a
+    logical cluster), shared by every :class:`TenantBudget` of the resource — its primaries
+    on every endpoint and the sources of every ``related[]`` entry, both directions. What one
+    consumer workspace can make the syncer hold for a resource is ``max_cluster_bytes``, not
+    that times the endpoints and related entries."""
+
+    def __init__(self, max_cluster_bytes: int) -> None:
+        self.max_cluster_bytes = max_cluster_bytes
+        #: Bytes of the objects kept in full, per account.
+        self.cluster_bytes: dict[str, int] = {}
+
+    def charge(self, account: str, size: int) -> bool:
+        """Take ``size`` bytes of ``account``'s budget; False (nothing taken) if it has not
+        that much room left."""
+        used = self.cluster_bytes.get(account, 0)
+        if used + size > self.max_cluster_bytes:
+            return False
+        self.cluster_bytes[account] = used + size
+        return True
+
+    def release(self, account: str, size: int) -> None:
+        left = self.cluster_bytes.get(account, 0) - size
+        if left > 0:
+            self.cluster_bytes[account] = left
+        else:
+            self.cluster_bytes.pop(account, None)
+
+
 class TenantBudget:
-    """The upstream reflector's :class:`~vwserver.k8s.reflector.Admission` with the per-object
-    and per-tenant bounds: an object over them is kept as :func:`stub` (decided as it is
-    decoded, page by page) and listed in :attr:`too_large` with the reason."""
+    """A reflector's :class:`~vwserver.k8s.reflector.Admission` with the per-object bound and
+    the per-tenant one (its :class:`TenantLedger`, shared with the resource's other
+    reflectors): an object over them is kept as :func:`stub` (decided as it is decoded, page
+    by page) and listed in :attr:`too_large` with the reason.
+
+    ``account``: whose budget an object is charged to (default: its logical cluster)."""
 
     def __init__(
         self,
         *,
         key: Callable[[JSON], ObjectKey | None],
         max_object_bytes: int,
-        max_cluster_bytes: int,
+        max_cluster_bytes: int | None = None,
+        ledger: TenantLedger | None = None,
+        account: Callable[[ObjectKey], str] | None = None,
     ) -> None:
+        if ledger is None:
+            if max_cluster_bytes is None:
+                raise TypeError("TenantBudget needs max_cluster_bytes or a ledger")
+            ledger = TenantLedger(max_cluster_bytes)
         self._key = key
+        self._account = account or (lambda k: k.cluster)
         self.max_object_bytes = max_object_bytes
-        self.max_cluster_bytes = max_cluster_bytes
+        self.ledger = ledger
         #: Objects kept as stubs, and why (the ``Synced=False`` message).
         self.too_large: dict[ObjectKey, str] = {}
-        #: Bytes of the objects kept in full, per logical cluster.
-        self.cluster_bytes: dict[str, int] = {}
-        self._sizes: dict[ObjectKey, int] = {}
+        # what each object kept in full was charged: (account, bytes)
+        self._sizes: dict[ObjectKey, tuple[str, int]] = {}
+
+    @property
+    def max_cluster_bytes(self) -> int:
+        return self.ledger.max_cluster_bytes
+
+    @property
+    def cluster_bytes(self) -> dict[str, int]:
+        """Bytes kept in full per account — the ledger's: every budget sharing it counts."""
+        return self.ledger.cluster_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the objects this budget's reflector keeps in full."""
+        return sum(size for _, size in self._sizes.values())
 
     def begin_list(self) -> None:
-        self.too_large.clear()
-        self.cluster_bytes.clear()
+        # a relist replaces this reflector's objects: give back what they took, only theirs
+        for account, size in self._sizes.values():
+            self.ledger.release(account, size)
         self._sizes.clear()
+        self.too_large.clear()
 
     def admit(self, kind: str, obj: JSON) -> JSON:
         key = self._key(obj)
@@ -139,27 +209,22 @@ class TenantBudget:
                 f"{self.max_object_bytes} bytes per object; it is not synced until it is smaller"
             )
             return stub(obj)
-        used = self.cluster_bytes.get(key.cluster, 0)
-        if used + size > self.max_cluster_bytes:
+        account = self._account(key)
+        if not self.ledger.charge(account, size):
             self.too_large[key] = (
-                f"this workspace's objects of this resource exceed this syncer's limit of "
-                f"{self.max_cluster_bytes} bytes in total; this one ({size} bytes) is not synced "
-                "until others are smaller or gone"
+                f"this workspace's objects of this resource and their related objects exceed "
+                f"this syncer's limit of {self.ledger.max_cluster_bytes} bytes in total (this "
+                f"object: {size} bytes); not synced until others are smaller or gone"
             )
             return stub(obj)
-        self.cluster_bytes[key.cluster] = used + size
-        self._sizes[key] = size
+        self._sizes[key] = (account, size)
         return obj
 
     def _release(self, key: ObjectKey) -> None:
         self.too_large.pop(key, None)
-        size = self._sizes.pop(key, 0)
-        if size:
-            left = self.cluster_bytes.get(key.cluster, 0) - size
-            if left > 0:
-                self.cluster_bytes[key.cluster] = left
-            else:
-                self.cluster_bytes.pop(key.cluster, None)
+        charged = self._sizes.pop(key, None)
+        if charged is not None:
+            self.ledger.release(*charged)
 
 
 def share_strings(obj: Any, like: Any) -> Any:

@@ -9,10 +9,20 @@ One :class:`RelatedWatch` per ``resources[].related[]`` entry, owned by the prim
   shows (a ``region=eu`` syncer never holds a ``region=us`` database's Secret); for origin
   ``downstream`` one reflector on the related resource in the downstream cluster, every
   namespace, of which only the syncer's own namespaces (``namespacePrefix``) are kept. Sources
-  are bounded like primaries (``maxObjectBytes``, ``maxClusterBytes``: an object over them is
-  kept as a stub and not copied), and a syncer's copy is only ever kept as a stub.
+  are bounded like primaries and *with* them: ``maxObjectBytes`` per object, and the
+  resource's one :class:`~vwserver.syncer.memory.TenantLedger` per consumer workspace
+  (``maxClusterBytes``, shared by the primaries and every related entry; a downstream source
+  is charged to the workspace whose namespace it is in). An object over them is kept as a
+  stub and not copied; a syncer's copy is only ever kept as a stub.
 * **copies**, on the other side, restricted to this syncer's and this entry's labels: one
-  reflector downstream (origin ``kcp``) or one per endpoint URL (origin ``downstream``).
+  reflector downstream (origin ``kcp``) or one per endpoint URL (origin ``downstream``). Only
+  this syncer's own copies (:func:`~vwserver.syncer.related_plan.owned_copy`) are kept beyond
+  their metadata — a consumer can put the labels on any Secret of its own, which the plan
+  ignores anyway — and not beyond ``maxObjectBytes`` (a copy someone inflated is kept as its
+  metadata, and applied again from its source).
+* **one copy in memory**: a copy and its source share their big strings
+  (:func:`~vwserver.syncer.memory.share_strings`), whichever of the two is cached second
+  taking the first one's: a 1 MiB Secret is held once, not as source and copy.
 
 Every event of either is turned into the namespace it happened in and handed to the controller,
 which re-queues that namespace's primaries: a changed password Secret is copied at once, not at
@@ -36,14 +46,23 @@ from vwserver.k8s.cache import Cache
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import ResourceType
-from vwserver.syncer.memory import UPSTREAM_PAGE, TenantBudget, object_size, stub
+from vwserver.syncer.memory import (
+    UPSTREAM_PAGE,
+    TenantBudget,
+    TenantLedger,
+    object_size,
+    share_strings,
+    stub,
+)
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.naming import (
     ANN_CLUSTER,
     ANN_NAMESPACE,
+    ANN_SOURCE,
     LABEL_RELATED,
     LABEL_SYNCER,
     ObjectKey,
+    downstream_namespace,
     upstream_key,
 )
 from vwserver.syncer.related_plan import CopyAction, CopyApply, Inputs, is_syncer_copy, owned_copy
@@ -58,24 +77,41 @@ GroupKey = tuple[Hashable, str]
 
 
 class GroupedCache(Cache[GroupKey]):
-    """A cache that also finds its objects by namespace (:attr:`groups`)."""
+    """A cache that also finds its objects by namespace (:attr:`groups`); ``counterpart``: the
+    cached object on the other side (a source's copy, a copy's source) whose big strings an
+    object stored here takes instead of its own (one copy in memory)."""
 
-    def __init__(self, *, key: Callable[[JSON], GroupKey | None], handler: Any) -> None:
+    def __init__(
+        self,
+        *,
+        key: Callable[[JSON], GroupKey | None],
+        handler: Any,
+        counterpart: Callable[[JSON], JSON | None] | None = None,
+    ) -> None:
         super().__init__(key=key, handler=handler)
         self.groups: dict[Hashable, dict[str, JSON]] = {}
+        self._counterpart = counterpart
 
     def in_group(self, group: Hashable) -> dict[str, JSON]:
         return self.groups.get(group, {})
 
+    def _shared(self, obj: JSON) -> JSON:
+        other = self._counterpart(obj) if self._counterpart is not None else None
+        if other is not None:
+            for field, value in obj.items():
+                if field not in ("metadata", "status") and field in other:
+                    obj[field] = share_strings(value, other[field])
+        return obj
+
     def on_list(self, items: list[JSON], resource_version: str) -> None:
-        super().on_list(items, resource_version)
+        super().on_list([self._shared(o) for o in items], resource_version)
         self.groups = {}
         for (group, name), obj in self.objects.items():
             self.groups.setdefault(group, {})[name] = obj
 
     def on_event(self, kind: str, obj: JSON) -> None:
         key = self._key(obj)
-        super().on_event(kind, obj)
+        super().on_event(kind, obj if kind == "DELETED" else self._shared(obj))
         if key is not None:
             self._index(key, None if kind == "DELETED" else obj)
 
@@ -83,7 +119,7 @@ class GroupedCache(Cache[GroupKey]):
         """Our own write's answer: seen before its event (which changes nothing then)."""
         key = self._key(obj)
         if key is not None:
-            self.objects[key] = obj
+            self.objects[key] = self._shared(obj)
             self._index(key, obj)
 
     def _index(self, key: GroupKey, obj: JSON | None) -> None:
@@ -128,6 +164,30 @@ class _SourceBudget(TenantBudget):
         return super().admit(kind, obj)
 
 
+class _CopyAdmission:
+    """What the copies' reflector keeps: this syncer's own copies in full up to
+    ``max_object_bytes`` (their content is shared with their source's), their metadata only
+    beyond it (the plan then sees a drifted copy and applies it again from its source); of
+    anything else carrying the labels — a consumer's own object, which the plan never
+    touches — only a :func:`~vwserver.syncer.memory.stub`."""
+
+    def __init__(self, *, syncer: str, label: str, max_object_bytes: int) -> None:
+        self._syncer, self._label, self._max = syncer, label, max_object_bytes
+
+    def begin_list(self) -> None:
+        pass
+
+    def admit(self, kind: str, obj: JSON) -> JSON:
+        if kind == "DELETED":
+            return obj
+        if not owned_copy(obj, syncer=self._syncer, label=self._label):
+            return stub(obj)
+        if object_size(obj) > self._max:
+            return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                    "metadata": obj.get("metadata") or {}}  # fmt: skip
+        return obj
+
+
 class RelatedWatch:
     """The caches of one related entry and its writes (module docstring)."""
 
@@ -145,7 +205,7 @@ class RelatedWatch:
         metrics: SyncerMetrics,
         metrics_name: str,
         max_object_bytes: int,
-        max_cluster_bytes: int,
+        ledger: TenantLedger,
         pair_of_namespace: Callable[[str], Pair | None],
         changed: Callable[[Pair], None],
     ) -> None:
@@ -161,7 +221,7 @@ class RelatedWatch:
         self._metrics = metrics
         self._metrics_name = metrics_name
         self._max_object = max_object_bytes
-        self._max_cluster = max_cluster_bytes
+        self._ledger = ledger
         self._pair_of_namespace = pair_of_namespace
         self._changed = changed
         self._copy_selector = f"{LABEL_SYNCER}={syncer},{LABEL_RELATED}={spec.label}"
@@ -192,20 +252,24 @@ class RelatedWatch:
         copies = self.spec.copies_down
         name = f"downstream {self.spec.resource} ({'copies' if copies else 'sources'} of "
         name += f"{self._metrics_name} related {self.spec.name})"
-        admission = None
-        if not copies:
-            admission = _SourceBudget(
+        admission: TenantBudget | _CopyAdmission
+        if copies:
+            admission = self._copy_admission()
+        else:
+            admission = self._budgets["downstream"] = _SourceBudget(
                 key=lambda o: _budget_key(self._down_group_key(o)),
                 max_object_bytes=self._max_object,
-                max_cluster_bytes=self._max_cluster,
+                ledger=self._ledger,
+                account=self._downstream_account,
             )
-            self._budgets["downstream"] = admission
         return Reflector(
             name=name,
             client=self._downstream,
             url=self.type.collection(self._down_base),
             handler=GroupedCache(
-                key=self._down_group_key, handler=_Events(self._down_pair, self._changed)
+                key=self._down_group_key,
+                handler=_Events(self._down_pair, self._changed),
+                counterpart=self._source_of_copy if copies else self._copy_of_source,
             ),
             clock=self._clock,
             admission=admission,
@@ -215,6 +279,52 @@ class RelatedWatch:
             ).inc(),
         )
 
+    def _copy_admission(self) -> _CopyAdmission:
+        return _CopyAdmission(
+            syncer=self._syncer, label=self.spec.label, max_object_bytes=self._max_object
+        )
+
+    def _downstream_account(self, key: ObjectKey) -> str:
+        # a downstream source counts against the workspace whose namespace it is in (known
+        # once a primary of that namespace was seen; until then against the namespace alone)
+        pair = self._pair_of_namespace(key.namespace)
+        return pair[0] if pair is not None else key.cluster
+
+    # --- one copy in memory: a copy and its source share their big strings ------------------
+
+    def _source_of_copy(self, copy: JSON) -> JSON | None:
+        annotations = (copy.get("metadata") or {}).get("annotations") or {}
+        namespace, _, name = str(annotations.get(ANN_SOURCE) or "").rpartition("/")
+        if not name:
+            return None
+        if self.spec.copies_down:  # the source is in kcp: (cluster, namespace), name
+            group: Hashable = (str(annotations.get(ANN_CLUSTER) or ""), namespace)
+            for reflector in self.reflectors.values():
+                if (found := reflector.handler.in_group(group).get(name)) is not None:
+                    return found
+            return None
+        return self.downstream_reflector.handler.in_group(namespace).get(name)
+
+    def _copy_of_source(self, source: JSON) -> JSON | None:
+        meta = source.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        wanted = f"{namespace}/{name}"
+        if self.spec.copies_down:  # the copy is downstream, in the namespace's namespace
+            cluster = kcp.logical_cluster(source)
+            down = downstream_namespace(cluster, namespace, prefix=self._prefix)
+            groups = [self.downstream_reflector.handler.in_group(down)]
+        else:  # the copy is in kcp, in the primaries' namespace
+            pair = self._pair_of_namespace(namespace)
+            if pair is None:
+                return None
+            groups = [r.handler.in_group(pair) for r in self.reflectors.values()]
+        for copies in groups:
+            for copy in copies.values():
+                annotations = (copy.get("metadata") or {}).get("annotations") or {}
+                if annotations.get(ANN_SOURCE) == wanted:
+                    return copy
+        return None
+
     def _source_selector(self) -> str | None:
         return self.spec.selector.render() if self.spec.selector is not None else None
 
@@ -223,7 +333,9 @@ class RelatedWatch:
         for url in list(self.reflectors):
             if url not in wanted:
                 self._tasks.pop(url).cancel()
-                self._budgets.pop(url, None)
+                budget = self._budgets.pop(url, None)
+                if budget is not None:
+                    budget.begin_list()  # what its objects took of the tenants' budgets
                 reflector = self.reflectors.pop(url)
                 for group in reflector.handler.groups:
                     if isinstance(group, tuple):
@@ -232,13 +344,13 @@ class RelatedWatch:
         for url in wanted:
             if url in self.reflectors:
                 continue
-            admission = None
+            admission: TenantBudget | _CopyAdmission
             if sources:
                 admission = self._budgets[url] = _SourceBudget(
-                    key=upstream_key,
-                    max_object_bytes=self._max_object,
-                    max_cluster_bytes=self._max_cluster,
+                    key=upstream_key, max_object_bytes=self._max_object, ledger=self._ledger
                 )
+            else:
+                admission = self._copy_admission()
             what = "sources" if sources else "copies"
             reflector = Reflector(
                 name=f"upstream {self.spec.resource} ({what} of {self._metrics_name} related "
@@ -248,6 +360,7 @@ class RelatedWatch:
                 handler=GroupedCache(
                     key=_upstream_group_key,
                     handler=_Events(lambda o: _pair(_upstream_group_key(o)), self._changed),
+                    counterpart=self._copy_of_source if sources else self._source_of_copy,
                 ),
                 clock=self._clock,
                 admission=admission,

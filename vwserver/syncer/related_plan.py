@@ -334,6 +334,25 @@ def _left(source: JSON, copy: JSON | None, *, scope: Scope) -> frozenset[tuple[s
     return frozenset(wanted & foreign_metadata(copy, manager=field_manager(scope.syncer)))
 
 
+_NAMED = 5  # related objects named in one problem's message, at most
+
+
+def _too_large(
+    spec: RelatedSpec, names: list[str], *, where: str, reasons: Mapping[str, str]
+) -> Problem:
+    """One problem for the related objects over a bound that the current primary references:
+    each by kind and name (a tenant reads this: names, never an address), the first one's
+    reason."""
+    named = ", ".join(f"{where}{n}" for n in names[:_NAMED])
+    if len(names) > _NAMED:
+        named += f" and {len(names) - _NAMED} more"
+    verb = "is" if len(names) == 1 else "are"
+    return Problem(
+        "ObjectTooLarge",
+        f"related {spec.name}: {spec.kind} {named} {verb} not copied: {reasons[names[0]]}",
+    )
+
+
 def plan_one(
     spec: RelatedSpec,
     inputs: Inputs,
@@ -368,6 +387,7 @@ def plan_one(
             protected |= referenced(spec, origin, inputs.sources)
     where = f"{scope.namespace}/" if down else ""
     desired: dict[str, tuple[str, JSON]] = {}  # copy name → (source name, source)
+    too_large: list[str] = []  # what the current primary references that is over a bound
     for name in sorted(wanted):
         source = inputs.sources.get(name)
         label = f"related {spec.name} {where}{name}"
@@ -383,7 +403,7 @@ def plan_one(
             continue
         if name in inputs.too_large:
             if name in mine:
-                out.problems.append(Problem("ObjectTooLarge", f"{label}: {inputs.too_large[name]}"))
+                too_large.append(name)
             continue
         target = spec.target_name(source)
         if target is None:
@@ -403,6 +423,8 @@ def plan_one(
                 )
             continue
         desired[target] = (name, source)
+    if too_large:
+        out.problems.append(_too_large(spec, too_large, where=where, reasons=inputs.too_large))
     desired_sources = {name for name, _ in desired.values()}
     for target, (_, source) in sorted(desired.items()):
         copy = owned.get(target)

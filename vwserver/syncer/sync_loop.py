@@ -80,7 +80,7 @@ from vwserver.k8s.reflector import Reflector
 from vwserver.k8s.resources import EVENTS, NAMESPACES, ResourceType
 from vwserver.syncer import related_plan, sync_plan
 from vwserver.syncer.config import ResourceConfig, SyncerConfig
-from vwserver.syncer.memory import UPSTREAM_PAGE, SharingCache, TenantBudget
+from vwserver.syncer.memory import UPSTREAM_PAGE, SharingCache, TenantBudget, TenantLedger
 from vwserver.syncer.metrics import SyncerMetrics
 from vwserver.syncer.namespaces import Janitor
 from vwserver.syncer.naming import (
@@ -245,6 +245,9 @@ class ResourceController:
         self._upstream_tasks: dict[str, asyncio.Task[None]] = {}
         #: Per endpoint, the size bounds of what its reflector keeps (vwserver.syncer.memory).
         self._budgets: dict[str, TenantBudget] = {}
+        #: What each consumer workspace's objects of this resource and their related objects
+        #: hold, against ``maxClusterBytes``: one budget for all of them.
+        self.ledger = TenantLedger(resource.max_cluster_bytes)
         self._endpoints_known = False
         self.downstream_reflector = Reflector(
             name=f"downstream {self.name}",
@@ -302,7 +305,7 @@ class ResourceController:
                 metrics=metrics,
                 metrics_name=self.name,
                 max_object_bytes=resource.max_object_bytes,
-                max_cluster_bytes=resource.max_cluster_bytes,
+                ledger=self.ledger,
                 pair_of_namespace=self._pairs.get,
                 changed=self._related_changed,
             )
@@ -388,7 +391,9 @@ class ResourceController:
             if url not in wanted:
                 log.info("%s: endpoint %s removed", self.name, url)
                 self._upstream_tasks.pop(url).cancel()
-                self._budgets.pop(url, None)
+                budget = self._budgets.pop(url, None)
+                if budget is not None:
+                    budget.begin_list()  # what its objects took of the tenants' budgets
                 reflector = self.upstream_reflectors.pop(url)
                 for obj in reflector.handler.objects.values():
                     if (key := upstream_key(obj)) is not None:
@@ -399,7 +404,7 @@ class ResourceController:
             budget = self._budgets[url] = TenantBudget(
                 key=upstream_key,
                 max_object_bytes=self.resource.max_object_bytes,
-                max_cluster_bytes=self.resource.max_cluster_bytes,
+                ledger=self.ledger,
             )
             reflector = Reflector(
                 name=f"upstream {self.name} @ {url}",
@@ -579,6 +584,10 @@ class ResourceController:
             self.tombstones.pop(key, None)
             self._clear_stuck(key)
         downstream = self.downstream_object(key)
+        if upstream is not None and downstream is None and self._related_listing():
+            # a new copy waits for the related caches' first lists: a Secret found by selector
+            # is known only from them, and the copies down go before the primary's copy
+            raise _Wait(0.5, "related objects not listed yet")
         self._confirm_schema(key, upstream, downstream)
         tombstone = self.tombstones.get(key)
         ctx = sync_plan.Context(
@@ -795,6 +804,10 @@ class ResourceController:
             self.queue.add(key)
         if not members:
             self.queue.add(namespace_key(pair))
+
+    def _related_listing(self) -> bool:
+        """Whether a related entry that copies down has not listed both its sides yet."""
+        return any(not w.synced for w in self.related if w.spec.copies_down)
 
     def _endpoint_of(self, pair: Pair) -> str | None:
         for key in self._up_members.get(pair, ()):
