@@ -32,7 +32,8 @@ Tenants are untrusted: what one consumer's objects make the syncer hold is bound
 (:data:`PERMANENT_BACKOFF`) and the resync does not cut that short; ``Synced=False`` messages
 name no address (:func:`error_message`); a consumer label/annotation the downstream side writes
 is left to it, and one put back :data:`FLIP_LIMIT` times is no longer written
-(:func:`~vwserver.syncer.sync_plan.left_downstream`).
+(:func:`~vwserver.syncer.sync_plan.left_downstream`) — on a copy of a related object too,
+counted per copy (:meth:`ResourceController._count_related_flips`).
 
 Quiet when idle: the answer to every write (status PATCH, server-side apply) is the object as
 stored, and :func:`~vwserver.syncer.sync_plan.learn` reads from it which fields the schema on
