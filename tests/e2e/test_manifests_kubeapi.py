@@ -32,7 +32,7 @@ import yaml
 from devenv.bootstrap import poll
 from devenv.kubeapi import KubeAPIServer
 from devenv.shards import write_kubeconfig
-from tests.integration.test_chart_helm import CHART, CUSTOM, SYNCER_CHART
+from tests.integration.test_chart_helm import CHART, CUSTOM, SYNCER_CHART, SYNCER_RELATED
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_CRDS = {"Certificate", "ServiceMonitor"}
@@ -202,17 +202,24 @@ async def test_pod_security_warns_on_a_weaker_pod(
     assert "allowPrivilegeEscalation" in done.stderr
 
 
+@pytest.mark.parametrize("related", [False, True], ids=["default", "related"])
 async def test_syncer_rbac_is_what_the_syncer_needs(
-    kubeapi: KubeAPIServer, helm: Path, tmp_path: Path
+    kubeapi: KubeAPIServer, helm: Path, tmp_path: Path, related: bool
 ) -> None:
     """The syncer chart's RBAC, applied to a real Kubernetes API server and asked with a
     TokenRequest token of its ServiceAccount (what kubelet mounts): every verb of every rule is
     granted by the real RBAC authorizer — cluster-wide for the synced resources, the Lease only
     in the release's namespace — and nothing beyond (the copies' Secrets, updating namespaces,
     another namespace's Leases). The same rules run a syncer between kcp and a kube-apiserver
-    in tests/e2e/test_syncer_deploy_kcp.py."""
-    namespace = "syncer-rbac"
-    docs = helm_template_chart(helm, tmp_path, chart=SYNCER_CHART, namespace=namespace)
+    in tests/e2e/test_syncer_deploy_kcp.py. With related resources and the namespace cleanup
+    (``SYNCER_RELATED``, a release of its own): the related resources' verbs (Secrets written,
+    ConfigMaps only read), ``delete`` on namespaces and ``list`` — only ``list`` — on
+    everything."""
+    namespace = "syncer-rbac-related" if related else "syncer-rbac"
+    values = {**SYNCER_RELATED, "fullnameOverride": "syncer-related"} if related else None
+    docs = helm_template_chart(
+        helm, tmp_path, chart=SYNCER_CHART, namespace=namespace, values=values
+    )
     assert_applied_cleanly(kubeapi, [restricted_namespace(namespace), *docs])
     (sa,) = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
     token = kubectl(kubeapi, "create", "token", sa, f"--namespace={namespace}", "--duration=10m")
@@ -266,11 +273,23 @@ async def test_syncer_rbac_is_what_the_syncer_needs(
     assert not can("update", "mongodbcommunity", **mongo)
     assert not can("update", "mongodbcommunity/status", **mongo)
     assert can("get", "namespaces") and can("create", "namespaces")
-    assert not can("update", "namespaces") and not can("delete", "namespaces")
+    assert not can("update", "namespaces")
+    assert can("delete", "namespaces") == related
     assert can("create", "events", namespace="kcp-copies")
     lease = {"group": "coordination.k8s.io"}
     for verb in ("get", "create", "update"):
         assert can(verb, "leases", namespace=namespace, **lease), verb
         assert not can(verb, "leases", namespace="default", **lease), verb
-    assert not can("get", "secrets")
-    assert not can("list", "pods")
+    if not related:
+        assert not can("get", "secrets")
+        assert not can("list", "pods")
+        return
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert can(verb, "secrets"), verb  # the password copies down
+        assert can(verb, "certificates", group="cert-manager.io"), verb
+    assert not can("update", "secrets")
+    assert can("list", "configmaps") and can("watch", "configmaps")  # sources of copies up
+    assert not can("get", "configmaps") and not can("create", "configmaps")
+    # the namespace cleanup's emptiness check: list anything, nothing more
+    assert can("list", "pods") and can("list", "anything", group="example.org")
+    assert not can("get", "pods") and not can("watch", "pods") and not can("delete", "pods")

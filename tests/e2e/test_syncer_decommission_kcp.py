@@ -4,19 +4,28 @@ deletions in kcp, and with ``--delete-downstream`` leaves nothing behind downstr
 The world of ``test_syncer_kcp.py`` (its ``env`` fixture: a provider exporting the
 MongoDBCommunity-like API, two consumers, a downstream workspace with the plain CRD and a test
 operator that puts its own finalizer on every downstream copy), set up afresh for this module.
+For related resources, the seed story of ``test_syncer_related_kcp.py`` (its ``world``
+fixture: vwserver serving the slice with its ``relatedResources``, the story's syncer with the
+password Secret copied down and the operator's connection-string Secret copied up, the demo
+operator in a kube-apiserver), also set up afresh for this module.
 The command runs as a process, as an operator would run it: exit code and summary are checked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
 
 from devenv.bootstrap import Workspace
+from devenv.demo import stop_process
+from devenv.mongo_operator import PLURAL
+from devenv.seed_story import SYNCER
 from tests.e2e.test_syncer_kcp import (  # env: the module-scoped world, set up for this module
     SyncWorld,
     env,  # noqa: F401
@@ -25,16 +34,26 @@ from tests.e2e.test_syncer_kcp import (  # env: the module-scoped world, set up 
     running,
     unique,
 )
-from vwserver.syncer.naming import LABEL_SYNCER, downstream_namespace, finalizer
+from tests.e2e.test_syncer_related_kcp import (  # world: the seed story, set up for this module
+    World,
+    world,  # noqa: F401
+)
+from tests.e2e.test_syncer_related_kcp import eventually as eventually_in
+from vwserver.syncer.naming import LABEL_RELATED, LABEL_SYNCER, downstream_namespace, finalizer
 
 PREFIX = "kcp-"
 COMMAND_TIMEOUT = 120.0
 
 
-async def decommission(world: SyncWorld, config: Any, *flags: str) -> tuple[int, str, str]:
+async def decommission(sw: SyncWorld, config: Any, *flags: str) -> tuple[int, str, str]:
     """``vwserver sync --config <config> --decommission <flags>``: exit code, stdout, stderr."""
-    path = world.dir / f"{config.name}.yaml"
+    path = sw.dir / f"{config.name}.yaml"
     path.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
+    return await decommission_with(path, *flags)
+
+
+async def decommission_with(path: Path, *flags: str) -> tuple[int, str, str]:
+    """``vwserver sync --config <path> --decommission <flags>``: exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "vwserver.cli", "sync", "--config", str(path), "--decommission",
         *flags, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -49,10 +68,10 @@ async def decommission(world: SyncWorld, config: Any, *flags: str) -> tuple[int,
     return proc.returncode, out.decode(), err.decode()
 
 
-async def create_in(world: SyncWorld, ws: Workspace, namespace: str, name: str) -> None:
+async def create_in(sw: SyncWorld, ws: Workspace, namespace: str, name: str) -> None:
     obj = mongo(name, labels={})
     obj["metadata"]["namespace"] = namespace
-    status, body = await world.call("POST", world.up_url(ws, namespace), obj)
+    status, body = await sw.call("POST", sw.up_url(ws, namespace), obj)
     assert status == 201, f"create {name}: {status} {body}"
 
 
@@ -75,7 +94,7 @@ async def test_decommission_releases_finalizers_and_cleans_downstream(env: SyncW
         for name in (kept, deleted):
             await create_in(env, ws, namespace, name)
         for name in (kept, deleted):
-            await eventually(f"copy of {name}", lambda n=name: copy(n))
+            await eventually(f"copy of {name}", functools.partial(copy, name))
 
             async def finalized(n: str = name) -> bool:
                 up = await env.get(env.up_url(ws, namespace, n))
@@ -128,5 +147,80 @@ async def test_decommission_releases_finalizers_and_cleans_downstream(env: SyncW
     assert "namespaces deleted: 0" in out
 
 
-async def _absent(world: SyncWorld, url: str) -> bool:
-    return await world.get(url) is None
+async def _absent(sw: SyncWorld, url: str) -> bool:
+    return await sw.get(url) is None
+
+
+# --- related resources -------------------------------------------------------------------------
+
+
+async def test_decommission_deletes_the_related_copies_down_and_up(world: World) -> None:  # noqa: F811
+    """A database with its password Secret copied down and the operator's connection string
+    copied up; the syncer stopped, ``--delete-downstream`` deletes the database's copy, the
+    password's copy downstream and the connection string's copy in kcp — each a copy of this
+    syncer's by the sync loop's rule — and then the emptied namespace. A consumer Secret that
+    carries the copies' labels but was not written by the syncer is no copy: it stays, as does
+    the consumer's own password Secret."""
+    w = world
+    ns = await w.namespace()
+    down_ns = w.down_ns(0, ns)
+    db, password, connection = "orders", "orders-pw", "orders-admin-app"
+    await w.secret(0, ns, password, "s3cret")
+    await w.database(0, ns, db, password=password)
+    await w.running(0, ns, db)
+
+    async def brought_up() -> dict[str, Any] | None:
+        return await w.get(w.up(0, ns, "secrets", connection))
+
+    up_copy = await eventually_in("the connection string in kcp", brought_up)
+    down_copy = await w.get(w.down(0, ns, "secrets", password))
+    assert down_copy is not None and await w.get(w.down(0, ns, PLURAL, db)) is not None
+    # a consumer's Secret with the labels of a copy up (the slice shows it: owner label)
+    forged = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "forged",
+            "namespace": ns,
+            "labels": {
+                LABEL_SYNCER: SYNCER,
+                LABEL_RELATED: up_copy["metadata"]["labels"][LABEL_RELATED],
+            },
+        },
+        "stringData": {"connectionString.standard": "mongodb://elsewhere"},
+    }
+    await w.create(w.up(0, ns, "secrets"), forged)
+
+    await stop_process(w.story.syncer.process)  # stopped for good (its Lease released)
+    config = w.story.run_dir / "syncer.yaml"
+    code, out, err = await decommission_with(config, "--delete-downstream", "--wait", "60")
+    assert code == 0, out + err
+    assert "finalizers removed: 1" in out
+    assert "downstream copies deleted: 2" in out
+    assert f"{PLURAL} {down_ns}/{db}" in out
+    assert f"secrets (related password) {down_ns}/{password}" in out
+    assert "related copies deleted in kcp: 1" in out
+    assert f"/{ns}/{connection} (related connection-string)" in out
+    assert await w.get(w.down(0, ns, PLURAL, db)) is None
+    assert await w.get(w.down(0, ns, "secrets", password)) is None
+    assert await w.get(w.up(0, ns, "secrets", connection)) is None
+    assert await w.get(w.up(0, ns, "secrets", "forged")) is not None  # no copy of ours
+    mine = await w.get(w.up(0, ns, "secrets", password))
+    assert mine is not None and not mine["metadata"].get("finalizers")  # never a copy: kept
+    obj = await w.get(w.up(0, ns, PLURAL, db))
+    assert obj is not None and not obj["metadata"].get("finalizers")
+
+    # the operator deletes its connection string with the database's copy; once it has, the
+    # namespace is empty and goes (in this run, or in the next one: running again is safe)
+    async def operator_cleaned() -> bool:
+        return await w.get(w.down(0, ns, "secrets", connection)) is None
+
+    await eventually_in("the operator's connection string deleted", operator_cleaned)
+    if f"namespaces deleted: 1\n    {down_ns}" not in out:
+        code, again, err = await decommission_with(config, "--delete-downstream")
+        assert code == 0, again + err
+        assert "downstream copies deleted: 0" in again
+        assert f"    {down_ns}" in again.split("namespaces deleted:")[1], again
+    found = await w.get(f"{w.kubeapi.url}/api/v1/namespaces/{down_ns}")
+    # a bare kube-apiserver has no namespace controller: deleted means Terminating there
+    assert found is None or found["metadata"].get("deletionTimestamp")

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.seed_story import RELATED
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "vwserver"
 SYNCER_CHART = REPO / "charts" / "vwserver-syncer"
@@ -115,6 +117,51 @@ SYNCER_CUSTOM: Doc = {
     },
     "networkPolicy": {"enabled": True},
 }
+
+
+# The syncer chart with related resources (the seed story's: a password Secret copied down, the
+# operator's connection-string Secret copied up), a ConfigMap only read (origin downstream) of
+# a second resource, and the namespace cleanup switched on.
+SYNCER_RELATED: Doc = {
+    "config": {
+        "resources": [
+            {
+                "group": "mongodbcommunity.mongodb.com",
+                "version": "v1",
+                "resource": "mongodbcommunity",
+                "kind": "MongoDBCommunity",
+                "related": RELATED,
+            },
+            {
+                "group": "example.io",
+                "version": "v1",
+                "resource": "widgets",
+                "kind": "Widget",
+                "related": [
+                    {
+                        "name": "report",
+                        "origin": "downstream",
+                        "version": "v1",
+                        "resource": "configmaps",
+                        "kind": "ConfigMap",
+                        "nameTemplate": "{{ .name }}-report",
+                    },
+                    {
+                        "name": "certificate",
+                        "origin": "kcp",
+                        "group": "cert-manager.io",
+                        "version": "v1",
+                        "resource": "certificates",
+                        "kind": "Certificate",
+                        "reference": {"path": "spec.certificateRef.name"},
+                    },
+                ],
+            },
+        ],
+    },
+    "namespaceCleanup": {"enabled": True},
+}
+ALL_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
 
 
 def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -217,8 +264,20 @@ def test_chart_version_is_the_application_version(chart: Path) -> None:
 
 @pytest.mark.parametrize(
     ("chart", "custom"),
-    [(CHART, None), (CHART, CUSTOM), (SYNCER_CHART, None), (SYNCER_CHART, SYNCER_CUSTOM)],
-    ids=["vwserver-default", "vwserver-custom", "syncer-default", "syncer-custom"],
+    [
+        (CHART, None),
+        (CHART, CUSTOM),
+        (SYNCER_CHART, None),
+        (SYNCER_CHART, SYNCER_CUSTOM),
+        (SYNCER_CHART, SYNCER_RELATED),
+    ],
+    ids=[
+        "vwserver-default",
+        "vwserver-custom",
+        "syncer-default",
+        "syncer-custom",
+        "syncer-related",
+    ],
 )
 def test_lint(helm: Path, tmp_path: Path, chart: Path, custom: Doc | None) -> None:
     args = ["lint", "--strict", str(chart)]
@@ -365,3 +424,47 @@ def test_syncer_default_config_passes_its_loader(helm: Path, tmp_path: Path) -> 
     rendered = render(helm, tmp_path, chart=SYNCER_CHART)
     done = check_config(config_of(rendered), tmp_path, syncer=True)
     assert done.returncode == 0, done.stderr
+
+
+def rules_of(rendered: dict[str, Doc]) -> list[tuple[str, str, list[str]]]:
+    """The ClusterRole's rules as (group, resource, verbs), one resource each."""
+    out = []
+    for rule in rendered["ClusterRole"]["rules"]:
+        (group,), (resource,) = rule["apiGroups"], rule["resources"]
+        out.append((group, resource, rule["verbs"]))
+    return out
+
+
+def test_syncer_default_rbac_has_no_related_rules_and_no_broad_list(
+    helm: Path, tmp_path: Path
+) -> None:
+    """Defaults: namespaces are created and read, never deleted, and nothing is listed beyond
+    the synced resource (the namespace cleanup is opt-in)."""
+    rules = rules_of(render(helm, tmp_path, chart=SYNCER_CHART))
+    assert rules == [
+        ("", "namespaces", ["get", "create"]),
+        ("mongodbcommunity.mongodb.com", "mongodbcommunity", ALL_VERBS),
+        ("", "events", ["create"]),
+    ]
+
+
+def test_syncer_related_resources_get_their_rules(helm: Path, tmp_path: Path) -> None:
+    """Each related group/resource once: every verb when copies are written downstream (origin
+    kcp; a resource with entries of both origins too), list+watch when it is only read (origin
+    downstream); the namespace cleanup switched on: delete on namespaces and the broad list."""
+    rendered = render(helm, tmp_path, SYNCER_RELATED, chart=SYNCER_CHART)
+    assert rules_of(rendered) == [
+        ("", "namespaces", ["get", "create", "delete"]),
+        ("*", "*", ["list"]),
+        ("mongodbcommunity.mongodb.com", "mongodbcommunity", ALL_VERBS),
+        ("example.io", "widgets", ALL_VERBS),
+        ("", "secrets", ALL_VERBS),  # password (kcp) and connection-string (downstream)
+        ("cert-manager.io", "certificates", ALL_VERBS),
+        ("", "configmaps", ["list", "watch"]),
+        ("", "events", ["create"]),
+    ]
+    config = yaml.safe_load(config_of(rendered))
+    assert config["resources"][0]["related"] == RELATED
+    done = check_config(config_of(rendered), tmp_path, syncer=True)
+    assert done.returncode == 0, done.stderr
+    assert "ok (2 resource(s))" in done.stdout

@@ -18,7 +18,13 @@ command, run once the syncer's replicas are stopped, removes what the syncer lef
    their annotations name, and holding nothing but what Kubernetes puts in every namespace
    (ServiceAccount ``default``, ConfigMap ``kube-root-ca.crt``, events). A copy that still waits
    for its own finalizers (an operator's) is waited for up to ``--wait`` seconds; its namespace
-   is kept until a later run finds it empty.
+   is kept until a later run finds it empty. **Copies of related objects** go too, by the sync
+   loop's ownership rule (:func:`~vwserver.syncer.related_plan.owned_copy`: both labels, the
+   owner label written by this syncer's field manager — a consumer's Secret labelled so is not
+   a copy): copies down after the primaries' copies are gone (an operator cleaning up may still
+   read the password), before the namespaces; copies up (origin ``downstream``: they copy what
+   the downstream side wrote, which is going) in kcp through the endpoints, each with a ``uid``
+   precondition.
 
 A summary is printed; the exit code is 0 only if everything was cleaned. Running it again is
 safe and finishes what an earlier run could not (nothing already clean is touched). Objects that
@@ -37,8 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +73,15 @@ from vwserver.syncer.namespaces import (
     namespace_is_ours,
     namespaced_types,
 )
-from vwserver.syncer.naming import LABEL_MANAGED, LABEL_SYNCER, owned_by, upstream_key
+from vwserver.syncer.naming import (
+    LABEL_MANAGED,
+    LABEL_RELATED,
+    LABEL_SYNCER,
+    owned_by,
+    upstream_key,
+)
+from vwserver.syncer.related_plan import owned_copy
+from vwserver.syncer.related_spec import RelatedSpec, compile_all
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +134,22 @@ def _parse_time(value: object) -> datetime.datetime | None:
     return None
 
 
+def _type(spec: RelatedSpec) -> ResourceType:
+    return ResourceType(spec.group, spec.version, spec.resource, spec.kind)
+
+
+def _owned_related(obj: JSON, *, syncer: str, label: str, busy: set[str]) -> bool:
+    """A copy of the related entry ``label`` of ours, not in a namespace where a primary's copy
+    is still terminating."""
+    namespace = (obj.get("metadata") or {}).get("namespace")
+    return owned_copy(obj, syncer=syncer, label=label) and namespace not in busy
+
+
+def _copy_selector(syncer: str, spec: RelatedSpec) -> str:
+    """The copies of one related entry (the sync loop's reflectors select them so too)."""
+    return f"{LABEL_SYNCER}={syncer},{LABEL_RELATED}={spec.label}"
+
+
 # --- the summary -----------------------------------------------------------------------------
 
 
@@ -131,6 +162,8 @@ class Summary:
     objects_seen: int = 0
     copies_deleted: list[str] = field(default_factory=list)
     copies_terminating: list[str] = field(default_factory=list)
+    upstream_copies_deleted: list[str] = field(default_factory=list)
+    """Copies of related objects of origin ``downstream``, in kcp."""
     namespaces_deleted: list[str] = field(default_factory=list)
     namespaces_kept: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -155,6 +188,9 @@ class Summary:
                     f"{len(self.copies_terminating)} — run again later"
                 )
                 out += [f"    {name}" for name in self.copies_terminating]
+            if self.upstream_copies_deleted:
+                out.append(f"  related copies deleted in kcp: {len(self.upstream_copies_deleted)}")
+                out += [f"    {name}" for name in self.upstream_copies_deleted]
             out.append(f"  namespaces deleted: {len(self.namespaces_deleted)}")
             out += [f"    {name}" for name in self.namespaces_deleted]
             if self.namespaces_kept:
@@ -229,44 +265,123 @@ class Decommission:
                 await self._remove_finalizers_at(t, url)
 
     async def delete_downstream(self) -> None:
-        """Delete this syncer's downstream copies, wait for them, then its empty namespaces."""
-        pending: dict[str, tuple[ResourceType, str, str]] = {}
+        """Delete this syncer's downstream copies and wait for them, then the related copies
+        (down, waited for; up, in kcp), then its empty namespaces."""
         used_namespaces: set[str] = set()
+        name = self.config.name
+        pending: dict[str, tuple[ResourceType, str, str]] = {}
         for resource in self.config.resources:
             d = resource.target
             t = ResourceType(d.group, d.version, d.resource, d.kind)
-            try:
-                objects = await list_all(
-                    self._downstream,
-                    t.collection(self._down),
-                    [("labelSelector", f"{LABEL_SYNCER}={self.config.name}")],
+            await self._delete_copies(
+                t,
+                f"{LABEL_SYNCER}={name}",
+                # the label selector said so; the labels must say so too
+                lambda obj: owned_by(obj, name),
+                label=t.resource,
+                pending=pending,
+                used=used_namespaces,
+            )
+        left = await self._wait_gone(pending)
+        # what a copy still terminating references stays (its operator may still read the
+        # password while it cleans up), as in the sync loop: a later run deletes it
+        busy = {namespace for _, namespace, _ in left.values()}
+        specs = [spec for r in self.config.resources for spec in compile_all(r)]
+        pending = {}
+        for spec in specs:
+            if spec.copies_down:
+                await self._delete_copies(
+                    _type(spec),
+                    _copy_selector(name, spec),
+                    functools.partial(_owned_related, syncer=name, label=spec.label, busy=busy),
+                    label=f"{spec.resource} (related {spec.name})",
+                    pending=pending,
+                    used=used_namespaces,
                 )
-            except (ApiError, UpstreamUnavailable) as e:
-                self.summary.failures.append(f"listing downstream {t.resource}: {e}")
-                continue
-            for obj in objects:
-                if not owned_by(obj, self.config.name):
-                    continue  # the label selector said so; the labels must say so too
-                meta = obj.get("metadata") or {}
-                namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-                label = f"{t.resource} {namespace}/{name}"
-                used_namespaces.add(namespace)
-                try:
-                    if not meta.get("deletionTimestamp"):
-                        # uid precondition: a same-named object created meanwhile is not ours
-                        await self._downstream.delete(
-                            t.item(self._down, namespace, name), uid=meta.get("uid")
-                        )
-                        self.summary.copies_deleted.append(label)
-                        log.info("deleted downstream %s", label)
-                except (ApiNotFound, ApiConflict):
-                    continue  # gone, or replaced by an object that is not this one
-                except (ApiError, UpstreamUnavailable) as e:
-                    self.summary.failures.append(f"deleting downstream {label}: {e}")
-                    continue
-                pending[label] = (t, namespace, name)
         await self._wait_gone(pending)
+        up = [spec for spec in specs if not spec.copies_down]
+        if up:
+            try:
+                urls = await self._endpoint_urls()
+            except (ApiError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"endpoint URLs (for the related copies in kcp): {e}")
+                urls = []
+            for spec in up:
+                for url in urls:
+                    await self._delete_upstream_copies(spec, url)
         await self._delete_empty_namespaces(used_namespaces)
+
+    async def _delete_copies(
+        self,
+        t: ResourceType,
+        selector: str,
+        owns: Callable[[JSON], bool],
+        *,
+        label: str,
+        pending: dict[str, tuple[ResourceType, str, str]],
+        used: set[str],
+    ) -> None:
+        """Delete the downstream objects of ``t`` that ``selector`` lists and ``owns`` (a
+        predicate over the object) accepts; what was deleted is added to ``pending``."""
+        try:
+            objects = await list_all(
+                self._downstream, t.collection(self._down), [("labelSelector", selector)]
+            )
+        except (ApiError, UpstreamUnavailable) as e:
+            self.summary.failures.append(f"listing downstream {label}: {e}")
+            return
+        for obj in objects:
+            if not owns(obj):
+                continue
+            meta = obj.get("metadata") or {}
+            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            what = f"{label} {namespace}/{name}"
+            used.add(namespace)
+            try:
+                if not meta.get("deletionTimestamp"):
+                    # uid precondition: a same-named object created meanwhile is not ours
+                    await self._downstream.delete(
+                        t.item(self._down, namespace, name), uid=meta.get("uid")
+                    )
+                    self.summary.copies_deleted.append(what)
+                    log.info("deleted downstream %s", what)
+            except (ApiNotFound, ApiConflict):
+                continue  # gone, or replaced by an object that is not this one
+            except (ApiError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"deleting downstream {what}: {e}")
+                continue
+            pending[what] = (t, namespace, name)
+
+    async def _delete_upstream_copies(self, spec: RelatedSpec, endpoint: str) -> None:
+        """Delete the copies in kcp of related objects of origin ``downstream`` that one
+        endpoint shows (the sync loop writes them through it; the slice shows them by their
+        owner label)."""
+        t = _type(spec)
+        try:
+            objects = await list_all(
+                self._endpoints,
+                t.collection(kcp.clusters(endpoint)),
+                [("labelSelector", _copy_selector(self.config.name, spec))],
+            )
+        except (ApiError, UpstreamUnavailable) as e:
+            self.summary.failures.append(f"listing {spec.resource} at {endpoint}: {e}")
+            return
+        for obj in objects:
+            key = upstream_key(obj)
+            if key is None or not owned_copy(obj, syncer=self.config.name, label=spec.label):
+                continue
+            what = f"{spec.resource} {key} (related {spec.name})"
+            url = t.item(kcp.clusters(endpoint, key.cluster), key.namespace or None, key.name)
+            uid = (obj.get("metadata") or {}).get("uid")
+            try:
+                await self._endpoints.delete(url, uid=uid)
+            except (ApiNotFound, ApiConflict):
+                continue  # gone, or replaced by an object that is not this one
+            except (ApiError, UpstreamUnavailable) as e:
+                self.summary.failures.append(f"deleting {what}: {e}")
+                continue
+            self.summary.upstream_copies_deleted.append(what)
+            log.info("deleted %s in kcp", what)
 
     # --- upstream ------------------------------------------------------------------------------
 
@@ -325,7 +440,10 @@ class Decommission:
 
     # --- downstream ----------------------------------------------------------------------------
 
-    async def _wait_gone(self, pending: dict[str, tuple[ResourceType, str, str]]) -> None:
+    async def _wait_gone(
+        self, pending: dict[str, tuple[ResourceType, str, str]]
+    ) -> dict[str, tuple[ResourceType, str, str]]:
+        """Wait up to ``--wait`` seconds for ``pending`` to be gone; returns what is not."""
         deadline = self._clock.monotonic() + self._wait
         while pending:
             for label, (t, namespace, name) in list(pending.items()):
@@ -339,6 +457,7 @@ class Decommission:
                 break
             await self._clock.sleep(self._poll)
         self.summary.copies_terminating.extend(sorted(pending))
+        return pending
 
     async def _delete_empty_namespaces(self, used: set[str]) -> None:
         try:

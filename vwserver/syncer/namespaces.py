@@ -29,7 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vwserver.clock import Clock
-from vwserver.errors import ApiConflict, ApiError, ApiNotFound, UpstreamUnavailable
+from vwserver.errors import (
+    ApiConflict,
+    ApiError,
+    ApiForbidden,
+    ApiNotFound,
+    UpstreamUnavailable,
+)
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.resources import NAMESPACES, ResourceType
 from vwserver.syncer.naming import ANN_CLUSTER, ANN_NAMESPACE, LABEL_MANAGED, downstream_namespace
@@ -132,15 +138,20 @@ class Janitor:
         """Delete namespace ``name`` if it is ours and empty; True if it is gone. Failures are
         logged (once per kind) and leave it pending: a kept namespace is never an error."""
         try:
-            gone = await self._check(name)
+            return await self._check(name)
         except (ApiError, UpstreamUnavailable) as e:
             if self._failing != type(e).__name__:
                 self._failing = type(e).__name__
-                log.warning("cannot check whether namespace %s is empty: %s", name, e)
+                hint = ""
+                if isinstance(e, ApiForbidden):
+                    # the chart grants this only with namespaceCleanup.enabled (broad list)
+                    hint = (
+                        " (needs list on every namespaced resource and delete on namespaces; "
+                        "emptied namespaces are kept, and this is not logged again)"
+                    )
+                log.warning("cannot check whether namespace %s is empty: %s%s", name, e, hint)
             self.pending[name] = f"check failed: {e}"
             return False
-        self._failing = None
-        return gone
 
     async def _check(self, name: str) -> bool:
         url = NAMESPACES.item(self._base, None, name)
@@ -167,6 +178,9 @@ class Janitor:
                 for t in self._types
             }
         )
+        # only a check that listed resets the once-only warning: a namespace found gone or
+        # foreign without listing proves nothing about the permissions
+        self._failing = None
         if left:
             shown = ", ".join(left[:5]) + (", …" if len(left) > 5 else "")
             if self.pending.get(name) != shown:

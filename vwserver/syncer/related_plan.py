@@ -63,12 +63,20 @@ from vwserver.syncer.naming import (
     user_metadata,
 )
 from vwserver.syncer.related_spec import RelatedSpec
-from vwserver.syncer.sync_plan import RelatedOutcome, foreign_metadata, needs_apply
+from vwserver.syncer.sync_plan import (
+    MetadataKey,
+    RelatedOutcome,
+    foreign_metadata,
+    needs_apply,
+    overwritten,
+)
 
 Role = Literal["syncs", "keeps", "unknown"]
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
+#: Keys named in one note at most.
+_MAX_REPORTED = 5
 #: Fields of a Secret / ConfigMap whose keys ``keys`` selects.
 _DATA_FIELDS = ("data", "stringData", "binaryData")
 
@@ -130,6 +138,10 @@ class Scope:
     may_delete: bool = False
     """Every cache has listed: absence is evidence, copies nothing needs may go."""
     exclude_prefixes: tuple[str, ...] = ()
+    withheld: Mapping[tuple[str, str], frozenset[MetadataKey]] = field(default_factory=dict)
+    """Per copy in this namespace (related entry, copy name): the user labels/annotations the
+    syncer stopped writing because another writer kept changing them back on the copy (the
+    flip limit, as for primaries: :class:`CopyApply`'s ``overwritten``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +167,10 @@ class CopyApply:
     name: str
     body: JSON
     create: bool
+    overwritten: frozenset[MetadataKey] = frozenset()
+    """User metadata keys someone else changed on the copy since the syncer's last apply of
+    this very intent: writing them again is one round of a fight (counted by the sync loop
+    against its flip limit, :func:`~vwserver.syncer.sync_plan.overwritten`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,18 +336,26 @@ def desired_copy(
     return body
 
 
-def _left(source: JSON, copy: JSON | None, *, scope: Scope) -> frozenset[tuple[str, str]]:
-    """User labels/annotations of the source that another writer owns on the copy: left to
-    it (the primaries' field-ownership rule, :func:`~vwserver.syncer.sync_plan.left_downstream`)."""
-    if copy is None:
-        return frozenset()
+def _left(
+    source: JSON,
+    copy: JSON | None,
+    *,
+    scope: Scope,
+    withheld: frozenset[MetadataKey] = frozenset(),
+) -> frozenset[MetadataKey]:
+    """User labels/annotations of the source that another writer owns on the copy, or that the
+    syncer stopped writing after they flipped back (``withheld``): left to the other side (the
+    primaries' rule, :func:`~vwserver.syncer.sync_plan.left_downstream`)."""
     meta = source.get("metadata") or {}
     wanted = {
         (kind, k)
         for kind in ("labels", "annotations")
         for k in user_metadata(meta.get(kind), extra_prefixes=scope.exclude_prefixes)
     }
-    return frozenset(wanted & foreign_metadata(copy, manager=field_manager(scope.syncer)))
+    foreign = (
+        frozenset() if copy is None else foreign_metadata(copy, manager=field_manager(scope.syncer))
+    )
+    return frozenset(wanted & (foreign | withheld))
 
 
 _NAMED = 5  # related objects named in one problem's message, at most
@@ -426,15 +450,32 @@ def plan_one(
     if too_large:
         out.problems.append(_too_large(spec, too_large, where=where, reasons=inputs.too_large))
     desired_sources = {name for name, _ in desired.values()}
-    for target, (_, source) in sorted(desired.items()):
+    for target, (name, source) in sorted(desired.items()):
         copy = owned.get(target)
         if copy is not None and _deleting(copy):
             continue  # re-created once it is gone (its DELETED event brings the namespace back)
-        body = desired_copy(
-            spec, source, name=target, scope=scope, leave=_left(source, copy, scope=scope)
-        )
+        withheld = scope.withheld.get((spec.name, target), frozenset())
+        left = _left(source, copy, scope=scope, withheld=withheld)
+        if left and name in mine:
+            shown = ", ".join(f"{kind[:-1]} {key}" for kind, key in sorted(left)[:_MAX_REPORTED])
+            more = f" and {len(left) - _MAX_REPORTED} more" if len(left) > _MAX_REPORTED else ""
+            out.notes.append(
+                f"related {spec.name} {where}{name}: not copied, written on its copy by others: "
+                f"{shown}{more}"
+            )
+        body = desired_copy(spec, source, name=target, scope=scope, leave=left)
         if copy is None or needs_apply(body, copy):
-            actions.append(CopyApply(spec.name, down, target_ns, target, body, copy is None))
+            actions.append(
+                CopyApply(
+                    spec.name,
+                    down,
+                    target_ns,
+                    target,
+                    body,
+                    copy is None,
+                    overwritten=overwritten(body, copy),
+                )
+            )
     stays = len(desired)
     for target, copy in sorted(owned.items()):
         if target in desired:

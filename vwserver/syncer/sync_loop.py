@@ -32,7 +32,8 @@ Tenants are untrusted: what one consumer's objects make the syncer hold is bound
 (:data:`PERMANENT_BACKOFF`) and the resync does not cut that short; ``Synced=False`` messages
 name no address (:func:`error_message`); a consumer label/annotation the downstream side writes
 is left to it, and one put back :data:`FLIP_LIMIT` times is no longer written
-(:func:`~vwserver.syncer.sync_plan.left_downstream`).
+(:func:`~vwserver.syncer.sync_plan.left_downstream`) — on a copy of a related object too,
+counted per copy (:meth:`ResourceController._count_related_flips`).
 
 Quiet when idle: the answer to every write (status PATCH, server-side apply) is the object as
 stored, and :func:`~vwserver.syncer.sync_plan.learn` reads from it which fields the schema on
@@ -273,6 +274,12 @@ class ResourceController:
         #: changed it on the copy, and the keys no longer written (FLIP_LIMIT reached).
         self._flips: dict[ObjectKey, dict[sync_plan.MetadataKey, int]] = {}
         self.withheld: dict[ObjectKey, frozenset[sync_plan.MetadataKey]] = {}
+        #: The same for copies of related objects, per namespace and (related entry, copy
+        #: name): a copy is shared by the namespace's primaries, so are its rounds.
+        self._related_flips: dict[Pair, dict[tuple[str, str], dict[sync_plan.MetadataKey, int]]]
+        self._related_flips = {}
+        self.related_withheld: dict[Pair, dict[tuple[str, str], frozenset[sync_plan.MetadataKey]]]
+        self.related_withheld = {}
         #: What kcp's schema of this resource does to the status we write (learned).
         self.upstream_schema = sync_plan.SchemaFacts()
         #: What the downstream schema does to the copies we apply (learned).
@@ -697,12 +704,19 @@ class ResourceController:
                 self._learn(key, patch, result, upstream=True)
                 return str((result.get("metadata") or {}).get("resourceVersion") or "") or None
             case sync_plan.RelatedCopies(copies):
+                pair = (key.cluster, key.namespace)
                 for copy in copies:
                     watch = next(w for w in self.related if w.spec.name == copy.related)
                     if copy.down:
                         # the namespace of a copy down exists before the primary's copy
                         self.janitor.forget(copy.namespace)
+                    if isinstance(copy, related_plan.CopyApply) and self._count_related_flips(
+                        pair, copy
+                    ):
+                        raise _Wait(0.0, "metadata keys withheld; planning again without them")
                     await watch.execute(copy, cluster=key.cluster, endpoint=endpoint)
+                    if isinstance(copy, related_plan.CopyDelete):
+                        self._forget_related_flips(pair, (copy.related, copy.name))
             case sync_plan.RelatedFailed(reason, message):
                 raise related_error(reason, message)
             case sync_plan.CleanNamespace(namespace):
@@ -724,12 +738,7 @@ class ResourceController:
         :data:`FLIP_LIMIT` and is withheld from now on (the apply is planned again without)."""
         if not overwritten:
             return False
-        counts = self._flips.setdefault(key, {})
-        stop = set()
-        for item in overwritten:
-            counts[item] = counts.get(item, 0) + 1
-            if counts[item] >= FLIP_LIMIT:
-                stop.add(item)
+        stop = _count_rounds(self._flips.setdefault(key, {}), overwritten)
         if not stop:
             return False
         self.withheld[key] = self.withheld.get(key, frozenset()) | stop
@@ -742,6 +751,44 @@ class ResourceController:
             FLIP_LIMIT,
         )
         return True
+
+    def _count_related_flips(self, pair: Pair, copy: related_plan.CopyApply) -> bool:
+        """:meth:`_count_flips` for a copy of a related object (the same :data:`FLIP_LIMIT`):
+        True when a key is withheld from now on; reported in the ``Synced`` message of the
+        primaries that reference it (a note of the related plan)."""
+        if not copy.overwritten:
+            return False
+        which = (copy.related, copy.name)
+        counts = self._related_flips.setdefault(pair, {}).setdefault(which, {})
+        stop = _count_rounds(counts, copy.overwritten)
+        if not stop:
+            return False
+        known = self.related_withheld.setdefault(pair, {})
+        known[which] = known.get(which, frozenset()) | stop
+        log.warning(
+            "%s: related %s %s/%s: %s changed on the copy by another writer %d times; no "
+            "longer written (reported in the Synced condition of the objects naming it)",
+            self.name,
+            copy.related,
+            copy.namespace,
+            copy.name,
+            ", ".join(f"{kind[:-1]} {name}" for kind, name in sorted(stop)),
+            FLIP_LIMIT,
+        )
+        return True
+
+    def _forget_related_flips(self, pair: Pair, which: tuple[str, str]) -> None:
+        """The copy is deleted: a new one starts with no rounds and writes every key."""
+        tables: tuple[dict[Pair, dict[tuple[str, str], Any]], ...] = (
+            self._related_flips,
+            self.related_withheld,
+        )
+        for table in tables:
+            entries = table.get(pair)
+            if entries is not None:
+                entries.pop(which, None)
+                if not entries:
+                    del table[pair]
 
     def _upstream_url(self, key: ObjectKey, endpoint: str, subresource: str | None = None) -> str:
         base = kcp.clusters(endpoint, key.cluster)
@@ -886,6 +933,7 @@ class ResourceController:
                 current=key,
                 may_delete=self.synced,
                 exclude_prefixes=ctx.exclude_prefixes,
+                withheld=self.related_withheld.get(pair, {}),
             )
             plan = related_plan.plan(
                 [w.spec for w in self.related],
@@ -1059,6 +1107,19 @@ class ResourceController:
             self._metrics.writes.labels(self.name, "downstream", "event").inc()
         except (ApiError, UpstreamUnavailable) as e:
             log.warning("%s: cannot record event for %s downstream: %s", self.name, key, e)
+
+
+def _count_rounds(
+    counts: dict[sync_plan.MetadataKey, int], overwritten: frozenset[sync_plan.MetadataKey]
+) -> set[sync_plan.MetadataKey]:
+    """One more round of putting ``overwritten`` back into ``counts``; the keys that reached
+    :data:`FLIP_LIMIT` with it."""
+    stop = set()
+    for item in overwritten:
+        counts[item] = counts.get(item, 0) + 1
+        if counts[item] >= FLIP_LIMIT:
+            stop.add(item)
+    return stop
 
 
 class _UpstreamEvents:
