@@ -150,6 +150,8 @@ def related_bed(tmp_path: Path, clock: ManualClock) -> ControllerBed:
         ),
         clock=clock,
     )
+    for reflector in watch.all_reflectors():  # listed already (the test fills the caches)
+        reflector.synced.set()
     downstream = bed.downstream
 
     async def apply(url: str, body: JSON, *, field_manager: str, force: bool = True) -> JSON:
