@@ -23,10 +23,11 @@ one it holds that is no longer visible, nothing otherwise. So an event names onl
 that is visible through the slice or was until then — the existence rules of every other watch.
 
 Order: a transition is emitted after every change of the resource the fan-out had queued for
-this watch when the transition happened (the subscription's queue depth then), so a client's
-copy never goes back to an older version. A transition whose object is not in the cache yet (a
-Secret created just now, its event still on the way) sends nothing: the object's own ADDED
-follows and is decided with the index as it is then.
+this watch when the transition happened (the subscription's queue depth then), carrying the
+cache's version of the object at that moment — the version those changes end at — so a
+client's copy never goes back to an older version. A transition whose object is not in the
+cache yet (a Secret created just now, its event still on the way) sends nothing: the object's
+own ADDED follows and is decided with the index as it is then.
 
 A watch from a resourceVersion (after a LIST) replays what the client may have missed: the
 resource's changes since then from the cache's window, and the index's transitions since the
@@ -124,59 +125,77 @@ class ClaimedWatch:
             return [("MODIFIED" if had else "ADDED", new, change)]
         if had:
             self.held.discard(key)
+            if change.prev is None:  # the client's copy came from a transition: say that one
+                gone = change.new or change.deleted
+                assert gone is not None
+                return [("DELETED", gone, None)]
             return [("DELETED", departed(change), change)]
         return []
 
-    def transition(self, key: Key) -> list[Event]:
-        """The object ``key`` became visible or invisible by reference (or may have): the
-        cache's version of it decides. Not in the cache: nothing — its own change is queued
-        behind (a deletion, or a creation the stream has not delivered yet)."""
-        current = self._get(key)
-        if current is None:
+    def transition(self, key: Key, version: Entry | None) -> list[Event]:
+        """The object ``key`` became visible or invisible by reference (or may have);
+        ``version``: the cache's version of it when that happened — the last one its changes
+        before the transition brought (a later change is decided after it). None, not in the
+        cache: nothing — a creation the stream has not delivered yet comes as its own ADDED,
+        decided with the index as it is then."""
+        if version is None:
             return []
         had = key in self.held
-        if self._shows(current):
+        if self._shows(version):
             if had:
                 return []
             self.held.add(key)
-            return [("ADDED", current, None)]
+            return [("ADDED", version, None)]
         if not had:
             return []
         self.held.discard(key)
-        return [("DELETED", current, None)]
+        return [("DELETED", version, None)]
 
     def catch_up(
         self, changes: list[Change], transitions: list[Transition], *, claim: tuple[str, str]
     ) -> list[Event]:
-        """A watch from a resourceVersion: the client's state is the slice's then, and
-        ``held`` was set to what the slice shows now. Every object that ``changes`` or
-        ``transitions`` (since then) touched is brought in line once: ADDED when it is
-        visible now, DELETED when it is not but was visible at some point since (one of its
-        versions since then shows, or a reference named it) and the client may hold it."""
+        """A watch from a resourceVersion R: the client's state is what the slice showed at R
+        (a LIST's), ``held`` was set to what it shows now, ``changes`` and ``transitions``
+        are what happened since. Every object they touched is brought in line once: ADDED when
+        it is visible now (the client may hold it already: client-go's informer takes an ADDED
+        of an object it has as an update), DELETED when it was visible at R and is not now.
+        Visible at R: its version then (before its first change since, else the current one)
+        matched the client and a selector rule, or a reference named it then (before its first
+        transition since, the opposite of that transition; else as the index says now). An
+        object that became visible and invisible again since R, or was named while it did not
+        exist, is no business of this client: nothing."""
+        claimed = self._view.claimed
+        assert claimed is not None
+        at_r: dict[Key, Entry | None] = {}
         last: dict[Key, Entry | None] = {}
-        shown_since: set[Key] = set()
         for change in changes:
             key = change.key
+            at_r.setdefault(key, change.prev)
             last[key] = change.new or change.deleted or change.prev
-            for version in (change.prev, change.new):
-                if version is not None and self._shows(version):
-                    shown_since.add(key)
+        named_at_r: dict[Key, bool] = {}
         for t in transitions:
-            if t.claim != claim:
-                continue
-            last.setdefault(t.key, None)
-            shown_since.add(t.key)
+            if t.claim == claim:
+                named_at_r.setdefault(t.key, not t.visible)
         out: list[Event] = []
-        for key, known in last.items():
+        for key in [*last, *(k for k in named_at_r if k not in last)]:
             current = self._get(key)
             if current is not None and self._shows(current):
                 self.held.add(key)
                 out.append(("ADDED", current, None))
                 continue
             self.held.discard(key)
-            version = current or known
-            if key in shown_since and version is not None and self._client.matches(version.meta):
-                out.append(("DELETED", version, None))
+            then = at_r.get(key, current)
+            if then is None or not self._client.matches(then.meta):
+                continue
+            named = named_at_r.get(key)
+            if named is None:
+                named = claimed.index is not None and claimed.index.referenced(claim, key)
+            selected = any(
+                r.selector is not None and r.selector.matches(then.meta.labels)
+                for r in claimed.rules
+            )
+            if named or selected:
+                out.append(("DELETED", current or last.get(key) or then, None))
         return out
 
 
@@ -243,14 +262,16 @@ def _lines(
 
 class _Transitions:
     """The reference transitions of one watch's claimed resource, each with the number of
-    the subscription's items that were queued before it (they are sent first)."""
+    the subscription's items that were queued before it (they are sent first) and the cache's
+    version of the object then."""
 
-    def __init__(self, subscription: Subscription, claim: tuple[str, str]) -> None:
+    def __init__(self, subscription: Subscription, claim: tuple[str, str], get: _Getter) -> None:
         self._subscription = subscription
+        self._get = get
         self._claim = claim
         self.popped = 0
         """Items taken from the subscription so far."""
-        self.waiting: collections.deque[tuple[int, Key]] = collections.deque()
+        self.waiting: collections.deque[tuple[int, Key, Entry | None]] = collections.deque()
         self.arrived = asyncio.Event()
         self.overflowed = False
 
@@ -263,7 +284,7 @@ class _Transitions:
                 self.overflowed = True
                 self._subscription.close()
                 return
-            self.waiting.append((after, t.key))
+            self.waiting.append((after, t.key, self._get(t.key)))
         self.arrived.set()
 
     async def next_item(self) -> Change | Bookmark:
@@ -310,7 +331,9 @@ async def serve_claimed_watch(
     subscription: Subscription | None = None
     if not expired:
         subscription = resource.subscribe(from_rv=from_rv, queue_size=cached.QUEUE_SIZE)
-    pending = _Transitions(subscription, claimed.claim) if subscription is not None else None
+    pending = (
+        _Transitions(subscription, claimed.claim, store.get) if subscription is not None else None
+    )
     undo = references.listen(pending) if references is not None and pending is not None else None
     try:
         response, subscription = await cached.open_watch(
@@ -356,8 +379,9 @@ async def _stream(
             while True:
                 out: list[bytes] = []
                 while pending.waiting and pending.waiting[0][0] <= processed:
-                    _, key = pending.waiting.popleft()
-                    out.extend(lines.event(k, e, c) for k, e, c in watch.transition(key))
+                    _, key, version = pending.waiting.popleft()
+                    events = watch.transition(key, version)
+                    out.extend(lines.event(k, e, c) for k, e, c in events)
                 if out:
                     await response.write(b"".join(out))
                 if item is None:
