@@ -189,29 +189,40 @@ async def test_only_referenced_secrets_are_listed(world: CachedProxy) -> None:
 ORACLE_CASES = [c for c in CASES if not c.sub]
 
 
+HIDDEN = [
+    # (slice, resource, an object it does not show, a name nothing has, of the same length)
+    ("eu", "secrets", "s-us", "s-xx"),  # LIST/WATCH from the cache
+    ("eu-kcp", "secrets", "s-us", "s-xx"),  # every read from kcp
+    ("cm", "configmaps", "cm-web", "cm-xxx"),  # a selector rule, from the cache
+    ("cm-kcp", "configmaps", "cm-web", "cm-xxx"),  # a selector rule pushed down to kcp
+]
+
+
+@pytest.mark.parametrize("hidden", HIDDEN, ids=[f"{h[0]}-{h[1]}" for h in HIDDEN])
 @pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.id for c in ORACLE_CASES])
 async def test_a_secret_outside_the_slice_answers_like_a_missing_one(
-    world: CachedProxy, case: Case
+    world: CachedProxy, case: Case, hidden: tuple[str, str, str, str]
 ) -> None:
+    slice_name, resource, name, missing = hidden
     fake = world.fake
-    stored = fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets")
+    stored = fake.get(cluster="c1", namespace="ns1", name=name, resource=resource)
     assert stored is not None
     target = Target(
-        name="s-us",
+        name=name,
         namespace="ns1",
         uid=stored["metadata"]["uid"],
         rv=stored["metadata"]["resourceVersion"],
         api_version="v1",
     )
-    base = core(world, "eu")
-    foreign, missing = await asyncio.gather(
-        ask(world.session, base, case, "s-us", target, resource="secrets"),
-        ask(world.session, base, case, "s-xx", target, resource="secrets"),
+    base = core(world, slice_name)
+    foreign, absent = await asyncio.gather(
+        ask(world.session, base, case, name, target, resource=resource),
+        ask(world.session, base, case, missing, target, resource=resource),
     )
-    problems = compare(case, foreign, missing, ("s-us", "s-xx"))
-    after = fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets")
+    problems = compare(case, foreign, absent, (name, missing))
+    after = fake.get(cluster="c1", namespace="ns1", name=name, resource=resource)
     if after != stored:
-        problems.append(f"the Secret outside the slice changed: {stored} -> {after}")
+        problems.append(f"the object outside the slice changed: {stored} -> {after}")
     assert not problems, "\n  ".join(problems)
 
 
