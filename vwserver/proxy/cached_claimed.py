@@ -336,24 +336,24 @@ async def serve_claimed_watch(
     )
     undo = references.listen(pending) if references is not None and pending is not None else None
     try:
-        response, subscription = await cached.open_watch(
+        response, streaming = await cached.open_watch(
             ctx,
             cached.WatchStart(initial=[], rv=from_rv, subscription=subscription, expired=expired),
         )
-        if subscription is None or pending is None:
+        if streaming is None or pending is None:
             return response
         try:
             await cached.write_lines(response, (lines.event(k, e, c) for k, e, c in start))
             if plan.initial_events_end:
                 await response.write(lines.bookmark(from_rv, initial_events_end=True))
-            await _stream(ctx, response, subscription, pending, watch, lines, plan=plan)
+            await _stream(ctx, response, streaming, pending, watch, lines, plan=plan)
         except ConnectionError:
             return response
-        finally:
-            subscription.close()
     finally:
         if undo is not None:
             undo()
+        if subscription is not None:
+            subscription.close()  # idempotent; also when the client left before the headers
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response
