@@ -437,3 +437,84 @@ async def test_a_selector_rule_equals_kcp_with_the_selector(rel: World) -> None:
             assert through.status == expected.status, (case_id, through, expected)
             assert through.content_type == expected.content_type, (case_id, through, expected)
             assert through.body == expected.body, (case_id, through.body, expected.body)
+
+
+def _only(body: Any, names: set[str], *, table: bool) -> Any:
+    """A list answer of kcp's with only the objects named ``names`` (a Table: rows)."""
+    if table:
+        rows = [r for r in body["rows"] if r["object"]["metadata"]["name"] in names]
+        return {**body, "rows": rows}
+    return {**body, "items": [i for i in body["items"] if i["metadata"]["name"] in names]}
+
+
+async def test_referenced_secrets_equal_kcps_list_of_the_referenced_names(rel: World) -> None:
+    """The differential for a ``referencedBy`` rule: a LIST of secrets through ``eu`` (from the
+    shared cache) answers what kcp's own virtual workspace answers for the secrets, kept to
+    the names visible Databases reference (``pw-eu``) — in every representation."""
+    kcp = rel.served.kcp
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    token = auth.bearer_token()
+    assert token is not None
+    path = f"/api/v1/namespaces/{NS}/secrets"
+    secrets = f"{rel.eu}{path}"
+    await eventually(lambda: _names_equal(secrets, {"pw-eu"}), within=30, what="eu has pw-eu")
+    connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for accept in (None, POM_LIST, TABLE):
+            kw: dict[str, Any] = {"accept": accept, "headers": {}, "token": token}
+            through = await fetch(session, rel.eu + path, query=(), **kw)
+            direct = await fetch(session, rel.vw + path, query=(), **kw)
+            assert through.status == direct.status == 200, (accept, through, direct)
+            expected = _only(direct.body, {"pw-eu"}, table=accept == TABLE)
+            assert through.body == expected, (accept, through.body, expected)
+
+
+async def test_a_selector_rule_watch_equals_kcps_selector_watch(rel: World) -> None:
+    """The differential for WATCH: through ``gold`` (a selector rule, from the shared cache)
+    and from kcp's own virtual workspace with ``labelSelector=tier=gold``, from their LISTs'
+    resourceVersions, a relabel into the rule, a change and a relabel out give the same
+    events."""
+    kcp = rel.served.kcp
+    auth = await load_kubeconfig(kcp.kubeconfig, context=kcp.admin_context)
+    token = auth.bearer_token()
+    assert token is not None
+    headers = {"Authorization": f"Bearer {token}"}
+    connector = aiohttp.TCPConnector(ssl=auth.ssl_context())
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        streams: list[asyncio.Queue[tuple[str, str]]] = []
+        tasks: list[asyncio.Task[None]] = []
+        responses: list[aiohttp.ClientResponse] = []
+        for base, query in ((rel.gold, {}), (rel.vw, {"labelSelector": GOLD_SELECTOR.render()})):
+            url = f"{base}{CM}"
+            async with session.get(url, params=query, headers=headers) as r:
+                assert r.status == 200, await r.text()
+                rv = (await r.json())["metadata"]["resourceVersion"]
+            params = {**query, "watch": "1", "resourceVersion": rv}
+            response = await session.get(url, params=params, headers=headers)
+            assert response.status == 200, await response.text()
+            responses.append(response)
+            queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            streams.append(queue)
+
+            async def read(resp: aiohttp.ClientResponse, q: asyncio.Queue[tuple[str, str]]) -> None:
+                async for line in resp.content:
+                    if line.strip():
+                        event = json.loads(line)
+                        if event["type"] != "BOOKMARK":
+                            q.put_nowait((event["type"], event["object"]["metadata"]["name"]))
+
+            tasks.append(asyncio.create_task(read(response, queue)))
+        try:
+            await rel.apply(configmap("cfg-silver", tier="gold"))
+            await rel.apply({**configmap("cfg-silver", tier="gold"), "data": {"k": "changed"}})
+            await rel.apply(configmap("cfg-silver", tier="silver"))
+            got = [[await asyncio.wait_for(q.get(), 30) for _ in range(3)] for q in streams]
+            assert got[0] == got[1], got
+            assert [kind for kind, _ in got[0]] == ["ADDED", "MODIFIED", "DELETED"], got
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for response in responses:
+                response.close()

@@ -17,6 +17,12 @@ it). Slice ``eu`` (``region=eu``) shows the Secrets that its visible widgets nam
   of it succeeds.
 * **Fuzz** (hypothesis): random reference graphs over widgets; a LIST of secrets through the
   slice is exactly the set that visible widgets name.
+* **Both read paths**: ``eu`` reads LIST/WATCH from the shared cache, ``eu-kcp`` (the same
+  rules) from kcp; ``cm``/``cm-kcp`` show configmaps by one selector rule (pushed down to kcp).
+  The existence oracle, the live references (JSON, Table, PartialObjectMetadata) and the race
+  between a LIST and its WATCH (a reference change in between is not lost: it failed on both
+  paths before the fix) run on both; from the cache a transition costs 0 upstream requests and
+  a consistent LIST at most kcp's one ``limit=1`` freshness read.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from hypothesis import strategies as st
 from fakekcp.store import ResourceSpec
 from fakekcp.upstream import FakeUpstream
 from tests.integration.conftest import PROXY_TOKEN, SLICE_CLUSTER
-from tests.security.test_existence_oracle import CASES, Case, Target, ask, compare
+from tests.security.test_existence_oracle import CASES, POM, Case, Target, ask, compare
 from tests.support.cache import CachedProxy, cached_proxy
 from vwserver.holds import HOLDS_ANNOTATION, slice_id
 from vwserver.related import parse_rules
@@ -44,7 +50,11 @@ from vwserver.selector import Selector
 SECRET = ResourceSpec(
     group="", version="v1", plural="secrets", kind="Secret", status_subresource=False
 )
-CLAIMED = frozenset({("", "secrets")})
+CONFIGMAP = ResourceSpec(
+    group="", version="v1", plural="configmaps", kind="ConfigMap", status_subresource=False
+)
+CLAIMED = frozenset({("", "secrets"), ("", "configmaps")})
+CM_RULES = parse_rules([{"resource": "configmaps", "selector": {"matchLabels": {"app": "db"}}}])
 RULES = parse_rules(
     [
         {
@@ -74,6 +84,29 @@ def routes(upstream: str) -> RouteTable:
                     related=RULES,
                 )
                 for region in ("eu", "us")
+            ),
+            # eu again, every read of a claimed resource from kcp (the pass-through)
+            Route(
+                cluster=SLICE_CLUSTER,
+                name="eu-kcp",
+                selector=Selector.parse("region=eu"),
+                upstream_url=upstream,
+                claimed=CLAIMED,
+                related=RULES,
+                cache=False,
+            ),
+            # configmaps by one label-selector rule, from the cache and from kcp
+            *(
+                Route(
+                    cluster=SLICE_CLUSTER,
+                    name=name,
+                    selector=Selector.parse("region=eu"),
+                    upstream_url=upstream,
+                    claimed=CLAIMED,
+                    related=CM_RULES,
+                    cache=cache,
+                )
+                for name, cache in (("cm", True), ("cm-kcp", False))
             ),
             Route(
                 cluster=SLICE_CLUSTER,
@@ -107,9 +140,20 @@ def secret(name: str) -> dict[str, Any]:
     }
 
 
+def configmap(name: str, *, app: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ns1", "labels": {"app": app}},
+        "data": {"k": "v"},
+    }
+
+
 def seed(fake: FakeUpstream) -> None:
     for name in ("s-eu", "s-us", "s-free"):
         fake.create(cluster="c1", obj=secret(name))
+    fake.create(cluster="c1", obj=configmap("cm-db", app="db"))
+    fake.create(cluster="c1", obj=configmap("cm-web", app="web"))
     fake.create(cluster="c1", obj=widget("w-eu", region="eu", secret="s-eu"))
     fake.create(cluster="c1", obj=widget("w-us", region="us", secret="s-us"))
 
@@ -117,7 +161,7 @@ def seed(fake: FakeUpstream) -> None:
 @pytest.fixture
 async def world() -> AsyncIterator[CachedProxy]:
     async with cached_proxy(
-        FakeUpstream(bookmark_interval=0.2, resources=[ResourceSpec(), SECRET]),
+        FakeUpstream(bookmark_interval=0.2, resources=[ResourceSpec(), SECRET, CONFIGMAP]),
         routes=routes,
         token=PROXY_TOKEN,
         within=30,
@@ -151,40 +195,66 @@ async def test_only_referenced_secrets_are_listed(world: CachedProxy) -> None:
 ORACLE_CASES = [c for c in CASES if not c.sub]
 
 
+HIDDEN = [
+    # (slice, resource, an object it does not show, a name nothing has, of the same length)
+    ("eu", "secrets", "s-us", "s-xx"),  # LIST/WATCH from the cache
+    ("eu-kcp", "secrets", "s-us", "s-xx"),  # every read from kcp
+    ("cm", "configmaps", "cm-web", "cm-xxx"),  # a selector rule, from the cache
+    ("cm-kcp", "configmaps", "cm-web", "cm-xxx"),  # a selector rule pushed down to kcp
+]
+
+
+@pytest.mark.parametrize("hidden", HIDDEN, ids=[f"{h[0]}-{h[1]}" for h in HIDDEN])
 @pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.id for c in ORACLE_CASES])
 async def test_a_secret_outside_the_slice_answers_like_a_missing_one(
-    world: CachedProxy, case: Case
+    world: CachedProxy, case: Case, hidden: tuple[str, str, str, str]
 ) -> None:
+    slice_name, resource, name, missing = hidden
     fake = world.fake
-    stored = fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets")
+    stored = fake.get(cluster="c1", namespace="ns1", name=name, resource=resource)
     assert stored is not None
     target = Target(
-        name="s-us",
+        name=name,
         namespace="ns1",
         uid=stored["metadata"]["uid"],
         rv=stored["metadata"]["resourceVersion"],
         api_version="v1",
     )
-    base = core(world, "eu")
-    foreign, missing = await asyncio.gather(
-        ask(world.session, base, case, "s-us", target, resource="secrets"),
-        ask(world.session, base, case, "s-xx", target, resource="secrets"),
+    base = core(world, slice_name)
+    foreign, absent = await asyncio.gather(
+        ask(world.session, base, case, name, target, resource=resource),
+        ask(world.session, base, case, missing, target, resource=resource),
     )
-    problems = compare(case, foreign, missing, ("s-us", "s-xx"))
-    after = fake.get(cluster="c1", namespace="ns1", name="s-us", resource="secrets")
+    problems = compare(case, foreign, absent, (name, missing))
+    after = fake.get(cluster="c1", namespace="ns1", name=name, resource=resource)
     if after != stored:
-        problems.append(f"the Secret outside the slice changed: {stored} -> {after}")
+        problems.append(f"the object outside the slice changed: {stored} -> {after}")
     assert not problems, "\n  ".join(problems)
 
 
+async def list_rv(w: CachedProxy, slice_name: str = "eu") -> str:
+    async with w.session.get(f"{core(w, slice_name)}/namespaces/ns1/secrets") as r:
+        body = await r.json()
+        assert r.status == 200, body
+    return str(body["metadata"]["resourceVersion"])
+
+
 async def events(
-    w: CachedProxy, *, accept: str = "application/json"
+    w: CachedProxy,
+    *,
+    accept: str = "application/json",
+    slice_name: str = "eu",
+    rv: str | None = None,
+    opened: bool = True,
 ) -> tuple[asyncio.Queue[tuple[str, str]], asyncio.Task[None]]:
-    url = f"{core(w, 'eu')}/namespaces/ns1/secrets"
-    async with w.session.get(url) as r:
-        rv = (await r.json())["metadata"]["resourceVersion"]
+    """A watch of ns1's secrets through the slice from ``rv`` (None: a LIST's, made first),
+    its events as (type, name) in a queue; ``opened``: return once its response started."""
+    url = f"{core(w, slice_name)}/namespaces/ns1/secrets"
+    if rv is None:
+        rv = await list_rv(w, slice_name)
     queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
     params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true"}
+    started = asyncio.Event()
 
     async def read() -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
@@ -193,6 +263,7 @@ async def events(
             s.get(url, params=params, headers={"Accept": accept}) as r,
         ):
             assert r.status == 200
+            started.set()
             async for line in r.content:
                 if not line.strip():
                     continue
@@ -207,25 +278,26 @@ async def events(
                     queue.put_nowait((event["type"], obj["metadata"]["name"]))
 
     task = asyncio.create_task(read())
-    # The watch is open (and listens to the slice's references) once anything arrived: the
-    # fake sends a bookmark every 0.2 s. A reference change before that would reach no
-    # listener (see the README: transitions between a LIST and its watch are not replayed).
-    first = await asyncio.wait_for(queue.get(), 20)
-    assert first[0] == "BOOKMARK", first
+    if opened:
+        await asyncio.wait_for(started.wait(), 20)
     return queue, task
 
 
 async def next_event(queue: asyncio.Queue[tuple[str, str]]) -> tuple[str, str]:
-    while True:
-        event = await asyncio.wait_for(queue.get(), 20)
-        if event[0] != "BOOKMARK":
-            return event
+    """The next event that is no BOOKMARK (within 20 s, bookmarks or not)."""
+    async with asyncio.timeout(20):
+        while True:
+            event = await queue.get()
+            if event[0] != "BOOKMARK":
+                return event
 
 
-@pytest.mark.parametrize("accept", ["application/json", TABLE])
-async def test_watch_follows_references(world: CachedProxy, accept: str) -> None:
+@pytest.mark.parametrize("slice_name", ["eu", "eu-kcp"])
+@pytest.mark.parametrize("accept", ["application/json", TABLE, POM])
+async def test_watch_follows_references(world: CachedProxy, accept: str, slice_name: str) -> None:
+    """From the cache (eu) and from kcp (eu-kcp), in every representation."""
     fake = world.fake
-    queue, task = await events(world, accept=accept)
+    queue, task = await events(world, accept=accept, slice_name=slice_name)
     try:
         fake.update(cluster="c1", obj=widget("w-eu", region="eu", secret="s-free"))
         got = {await next_event(queue), await next_event(queue)}
@@ -365,3 +437,155 @@ async def test_a_secret_of_an_object_held_by_another_slice_stays_with_that_slice
         await asyncio.sleep(0.05)
     assert await listed(world, "eu") == {"s-eu", "s-free"}
     assert await listed(world, "us") == {"s-us"}
+
+
+# --- the cache path, the race between a LIST and its WATCH, upstream work ------------------------
+
+
+async def until_listed(w: CachedProxy, slice_name: str, want: set[str]) -> None:
+    for _ in range(200):
+        if await listed(w, slice_name) == want:
+            return
+        await asyncio.sleep(0.05)
+    assert await listed(w, slice_name) == want
+
+
+async def got_events(queue: asyncio.Queue[tuple[str, str]], count: int) -> set[tuple[str, str]]:
+    return {await next_event(queue) for _ in range(count)}
+
+
+@pytest.mark.parametrize("slice_name", ["eu", "eu-kcp"])
+async def test_a_reference_change_between_the_list_and_the_watch_is_not_lost(
+    world: CachedProxy, slice_name: str
+) -> None:
+    """The race an informer runs into (tests/e2e/test_syncer_related_kcp.py): it LISTs, a
+    database starts naming a Secret that exists already, and only then does its WATCH from the
+    LIST's resourceVersion start. The Secret has no change of its own for the watch to replay;
+    the watch must still get its ADDED (and the DELETED of the Secret no longer named).
+    Deterministic: the watch is opened only once the slice's index has made the change."""
+    rv = await list_rv(world, slice_name)
+    world.fake.update(cluster="c1", obj=widget("w-eu", region="eu", secret="s-free"))
+    await until_listed(world, slice_name, {"s-free"})  # the index moved; no watch listened
+    queue, task = await events(world, slice_name=slice_name, rv=rv)
+    try:
+        assert await got_events(queue, 2) == {("ADDED", "s-free"), ("DELETED", "s-eu")}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("slice_name", ["eu", "eu-kcp"])
+async def test_a_secret_named_before_it_exists_arrives_when_it_is_created(
+    world: CachedProxy, slice_name: str
+) -> None:
+    """The reference comes first, the Secret later (its transition found nothing in the cache
+    to send): the Secret's own ADDED reaches the watch, decided with the index as it is then."""
+    fake = world.fake
+    queue, task = await events(world, slice_name=slice_name)
+    try:
+        fake.update(cluster="c1", obj=widget("w-eu", region="eu", secret="s-late"))
+        assert await next_event(queue) == ("DELETED", "s-eu")
+        fake.create(cluster="c1", obj=secret("s-late"))
+        assert await next_event(queue) == ("ADDED", "s-late")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def secrets_requests(w: CachedProxy) -> list[str]:
+    return [
+        f"{r.method} {r.path}?{'&'.join(f'{k}={v}' for k, v in sorted(r.query.items()))}"
+        for r in w.fake.faults.requests
+    ]
+
+
+@pytest.mark.parametrize("accept", ["application/json", TABLE, POM])
+async def test_a_reference_transition_costs_no_upstream_request(
+    world: CachedProxy, accept: str
+) -> None:
+    """From the cache, a transition's ADDED and DELETED carry the cache's version of the
+    Secret: kcp is not asked anything (counted at the fake, which records every request)."""
+    fake = world.fake
+    queue, task = await events(world, accept=accept)
+    try:
+        fake.faults.requests.clear()
+        for old, new in (("s-eu", "s-free"), ("s-free", "s-us"), ("s-us", "s-eu")):
+            fake.update(cluster="c1", obj=widget("w-eu", region="eu", secret=new))
+            assert await got_events(queue, 2) == {("ADDED", new), ("DELETED", old)}
+        assert secrets_requests(world) == []  # 3 changes, 6 events, 0 upstream requests
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_claimed_list_from_the_cache_costs_the_freshness_read_at_most(
+    world: CachedProxy,
+) -> None:
+    """A consistent LIST asks kcp one thing (its current resourceVersion, ``limit=1``); a
+    LIST at resourceVersion 0 nothing; neither lists the Secrets of every consumer."""
+    url = f"{core(world, 'eu')}/namespaces/ns1/secrets"
+    await listed(world, "eu")  # the shared resource runs
+    world.fake.faults.requests.clear()
+    assert await listed(world, "eu") == {"s-eu"}
+    asked = secrets_requests(world)
+    assert len(asked) <= 1 and all("limit=1" in a for a in asked), asked
+    world.fake.faults.requests.clear()
+    async with world.session.get(url, params={"resourceVersion": "0"}) as r:
+        assert r.status == 200
+        assert [i["metadata"]["name"] for i in (await r.json())["items"]] == ["s-eu"]
+    assert secrets_requests(world) == []
+
+
+async def test_a_selector_rule_is_pushed_down_to_kcp(world: CachedProxy) -> None:
+    """From kcp (cm-kcp), a resource whose only rule is a label selector is listed and
+    watched with that selector: kcp sends only what the rule shows (one filtered request);
+    a ``referencedBy`` rule cannot be said as a selector: nothing is pushed (eu-kcp). From
+    the cache (cm) the same answers, and a label change is an ADDED."""
+    fake = world.fake
+    for name in ("cm", "cm-kcp"):
+        url = f"{core(world, name)}/namespaces/ns1/configmaps"
+        fake.faults.requests.clear()
+        async with world.session.get(url) as r:
+            body = await r.json()
+            assert r.status == 200, body
+        assert [i["metadata"]["name"] for i in body["items"]] == ["cm-db"]
+        if name == "cm-kcp":
+            lists = [r for r in fake.faults.requests if r.path.endswith("/configmaps")]
+            assert len(lists) == 1 and lists[0].query.get("labelSelector") == "app=db", lists
+    fake.faults.requests.clear()
+    await listed(world, "eu-kcp")
+    lists = [r for r in fake.faults.requests if r.path.endswith("/secrets")]
+    assert lists and all("labelSelector" not in r.query for r in lists), lists
+
+
+@pytest.mark.parametrize("slice_name", ["cm", "cm-kcp"])
+async def test_a_selector_rule_watch_follows_labels(world: CachedProxy, slice_name: str) -> None:
+    fake = world.fake
+    url = f"{core(world, slice_name)}/namespaces/ns1/configmaps"
+    async with world.session.get(url) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    params = {"watch": "1", "resourceVersion": rv}
+    async with world.session.get(url, params=params, timeout=aiohttp.ClientTimeout(20)) as r:
+        assert r.status == 200
+        fake.update(cluster="c1", obj=configmap("cm-web", app="db"))
+        fake.update(cluster="c1", obj=configmap("cm-db", app="web"))
+        seen: list[tuple[str, str]] = []
+        async for line in r.content:
+            event = json.loads(line)
+            if event["type"] != "BOOKMARK":
+                seen.append((event["type"], event["object"]["metadata"]["name"]))
+            if len(seen) == 2:
+                break
+    assert seen == [("ADDED", "cm-web"), ("DELETED", "cm-db")]
+
+
+async def test_a_watch_from_before_the_cache_window_is_told_to_relist(world: CachedProxy) -> None:
+    """From the cache, a resourceVersion older than its window (and the slice's reference
+    history) cannot be continued exactly: an ERROR event with 410 Expired, as the apiserver's
+    watch cache answers; client-go relists."""
+    url = f"{core(world, 'eu')}/namespaces/ns1/secrets"
+    await listed(world, "eu")
+    async with world.session.get(url, params={"watch": "1", "resourceVersion": "1"}) as r:
+        assert r.status == 200
+        lines = [json.loads(line) for line in (await r.read()).splitlines() if line.strip()]
+    assert [(e["type"], e["object"]["code"]) for e in lines] == [("ERROR", 410)], lines

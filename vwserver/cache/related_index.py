@@ -11,6 +11,20 @@ holds included: an object another slice holds references nothing here), nothing 
 The index's transitions (a claimed object became visible or invisible) are handed to the
 listeners — the watches of claimed resources through the slice — synchronously, on the loop.
 
+A watch from a resourceVersion (a client's LIST, then its WATCH from the LIST's version) must
+also get the transitions that happened *between* the two — the reference index moves with
+another resource's stream, so nothing on the claimed resource's own stream carries them (a
+database created after the LIST makes its Secret visible without any change of the Secret).
+The index therefore keeps a bounded history of its transitions (:class:`History`): each with
+its sequence number and the resourceVersion of the referencing change that caused it (kcp's
+resourceVersions are the shard's etcd revisions, one counter for every resource). A LIST of a
+claimed resource served here records which index position its answer reflects
+(:meth:`SliceReferences.listed`), and a watch from that LIST's resourceVersion replays exactly
+the transitions after it; a watch from a resourceVersion no LIST here answered (another
+replica's, the pass-through's) replays those caused by changes after that resourceVersion.
+When the history no longer reaches back that far the watch cannot be continued exactly and is
+answered 410 Expired (the client relists), as for a resourceVersion older than the window.
+
 I/O is the subscription loop only; the decisions are :mod:`vwserver.related`'s and
 :mod:`vwserver.cache.views`'s. A relist (the subscription ends ``relisted`` or
 ``overflowed``) rebuilds the collection's part of the index from the store with
@@ -21,9 +35,11 @@ difference.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -47,7 +63,64 @@ QUEUE: Final = 4096
 """Changes a subscription of a referencing collection may queue (an overflow rebuilds)."""
 SYNC_TIMEOUT: Final = 30.0
 
+HISTORY: Final = 4096
+"""Transitions a slice's index remembers for watches from a resourceVersion."""
+LISTED: Final = 256
+"""LIST answers whose index position is remembered."""
+
 Listener = Callable[[list[Transition]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    """One transition of the index: its sequence number (1, 2, ...) and the resourceVersion
+    of the referencing change (or relist) that caused it."""
+
+    seq: int
+    rv: int
+    transition: Transition
+
+
+class History:
+    """The last :data:`HISTORY` transitions, and the index positions LIST answers reflected
+    — pure bookkeeping (see the module docstring)."""
+
+    __slots__ = ("_items", "_listed", "_size", "seq")
+
+    def __init__(self, *, size: int = HISTORY, listed: int = LISTED) -> None:
+        self._size = size
+        self._items: collections.deque[Stamped] = collections.deque(maxlen=size)
+        # (lowest rv, highest rv, index position) of LIST answers, newest last
+        self._listed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=listed)
+        self.seq = 0
+        """The index position: transitions so far."""
+
+    def add(self, transitions: list[Transition], *, rv: int) -> None:
+        for t in transitions:
+            self.seq += 1
+            self._items.append(Stamped(self.seq, rv, t))
+
+    def listed(self, *, lowest: int, highest: int, seq: int) -> None:
+        """A LIST was answered at a resourceVersion between ``lowest`` and ``highest`` with
+        the index at position ``seq`` or later."""
+        self._listed.append((lowest, highest, seq))
+
+    def since(self, rv: int) -> list[Transition] | None:
+        """The transitions a client whose state is the slice's at resourceVersion ``rv`` may
+        have missed: after the position of a LIST answered at ``rv`` (the earliest such),
+        else those caused by changes after ``rv``. None when the history does not reach back
+        that far (the caller answers 410)."""
+        positions = [seq for lo, hi, seq in self._listed if lo <= rv <= hi]
+        oldest = self._items[0].seq if self._items else self.seq + 1
+        if positions:
+            after = min(positions)
+            if after + 1 < oldest:
+                return None
+            return [s.transition for s in self._items if s.seq > after]
+        out = [s.transition for s in self._items if s.rv > rv]
+        if len(self._items) == self._size and self._items[0].rv > rv:
+            return None  # older transitions after rv may have been forgotten
+        return out
 
 
 class SliceReferences:
@@ -69,6 +142,7 @@ class SliceReferences:
         self._rules = rules
         self._view = view
         self._listeners: set[Listener] = set()
+        self.history = History()
         self._synced = {src.collection_path: asyncio.Event() for src in rules.sources()}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -104,7 +178,18 @@ class SliceReferences:
         self._listeners.add(listener)
         return lambda: self._listeners.discard(listener)
 
-    def _publish(self, transitions: list[Transition]) -> None:
+    def listed(self, *, lowest: int, highest: int, seq: int) -> None:
+        """A LIST of a claimed resource was answered at a resourceVersion between ``lowest``
+        and ``highest``, from the index at position ``seq`` (:attr:`History.seq`, read before
+        the answer was computed) or later."""
+        self.history.listed(lowest=lowest, highest=highest, seq=seq)
+
+    def since(self, rv: int) -> list[Transition] | None:
+        """:meth:`History.since`."""
+        return self.history.since(rv)
+
+    def _publish(self, transitions: list[Transition], *, rv: int) -> None:
+        self.history.add(transitions, rv=rv)
         if transitions:
             for listener in list(self._listeners):
                 listener(transitions)
@@ -143,7 +228,7 @@ class SliceReferences:
         subscription = resource.subscribe(from_rv=store.rv, queue_size=QUEUE)
         try:
             entries = [(self._key(source, e), self._refs(source, e)) for e in store.snapshot()]
-            self._publish(self.index.replace(entries, scope=source))
+            self._publish(self.index.replace(entries, scope=source), rv=store.rv)
             self._synced[path].set()
             async for item in subscription:
                 if not isinstance(item, Change):
@@ -151,7 +236,8 @@ class SliceReferences:
                 some = item.new or item.deleted or item.prev
                 assert some is not None
                 self._publish(
-                    self.index.update(self._key(source, some), self._refs(source, item.new))
+                    self.index.update(self._key(source, some), self._refs(source, item.new)),
+                    rv=item.rv,
                 )
         finally:
             subscription.close()

@@ -139,8 +139,11 @@ class _Encoder:
     """Encodes entries in the negotiated shape: the stored bytes, or a PartialObjectMetadata
     holding the object's metadata bytes."""
 
-    def __init__(self, *, shape: Shape, kind: str, api_version: str) -> None:
+    def __init__(
+        self, *, shape: Shape, kind: str, api_version: str, original_api_version: bool = True
+    ) -> None:
         self.partial = shape is not Shape.OBJECT
+        self.original_api_version = original_api_version
         self.item_kind = "PartialObjectMetadata" if self.partial else kind
         self.item_api_version = _META_GROUP_VERSION if self.partial else api_version
         self.api_version = api_version
@@ -148,13 +151,16 @@ class _Encoder:
     def item(self, raw: bytes) -> bytes:
         if not self.partial:
             return raw
-        # kcp names the object's own apiVersion in an annotation of its PartialObjectMetadata:
-        # the metadata is decoded (only it) to add that one member.
+        # kcp names the object's own apiVersion in an annotation of its PartialObjectMetadata
+        # (of the export's resources; not of core ones, e.g. a claimed Secret: kcp v0.32.3,
+        # tests/e2e/test_related_slice_kcp.py): the metadata is decoded (only it) to add that
+        # one member.
         metadata = msgspec.json.decode(_decode_metadata(raw).metadata)
-        annotations = metadata.get("annotations")
-        if not isinstance(annotations, dict):
-            annotations = metadata["annotations"] = {}
-        annotations[ORIGINAL_API_VERSION_ANNOTATION] = self.api_version
+        if self.original_api_version:
+            annotations = metadata.get("annotations")
+            if not isinstance(annotations, dict):
+                annotations = metadata["annotations"] = {}
+            annotations[ORIGINAL_API_VERSION_ANNOTATION] = self.api_version
         return (
             b'{"kind":"PartialObjectMetadata","apiVersion":"'
             + _META_GROUP_VERSION.encode()
@@ -181,6 +187,9 @@ def _encoder(ctx: ProxyRequest, resource: SharedResource) -> _Encoder:
         shape=ctx.representation.shape,
         kind=resource.kind,
         api_version=resource.api_version,
+        # a claimed core resource (Secrets, ConfigMaps): kcp's PartialObjectMetadata of it
+        # carries no original-api-version annotation
+        original_api_version=not (ctx.claimed is not None and not ctx.api.group),
     )
 
 

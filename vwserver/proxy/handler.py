@@ -50,6 +50,7 @@ from vwserver.metrics import ServerMetrics
 from vwserver.proxy import (
     cache_plan,
     cached,
+    cached_claimed,
     cached_tables,
     lists,
     negotiation,
@@ -62,7 +63,7 @@ from vwserver.proxy import (
 from vwserver.proxy.context import ProxyRequest, RequestRecord
 from vwserver.proxy.paths import READ_VERBS, Verb, classify, split_slice_path
 from vwserver.proxy.upstream import UpstreamClient
-from vwserver.related import ClaimedView
+from vwserver.related import ClaimedView, Rule
 from vwserver.routes import Route, Routes
 from vwserver.selector import Selector
 
@@ -250,12 +251,16 @@ class ProxyHandler:
             )
         claimed: ClaimedView | None = None
         references: SliceReferences | None = None
+        claimed_cache = False
         if not api.discovery and (api.group, api.resource) in route.claimed:
-            # A claimed resource: its rules alone decide (no selector pushed down, nothing
-            # held, read from kcp), whatever the slice's objectSelector says.
+            # A claimed resource: its rules alone decide, whatever the slice's objectSelector
+            # says (nothing held). LIST and WATCH come from the shared cache where it can
+            # answer; kcp is asked with what of the rules a label selector can say.
             claimed, references = await self._claimed(route, upstream_base, api.group, api.resource)
             claimed = dataclasses.replace(claimed, cluster=path.cluster)
-            route = dataclasses.replace(route, selector=Selector(), cache=False)
+            claimed_cache = route.cache and self._delegated
+            pushed = pushdown(claimed.rules) if api.verb in (Verb.LIST, Verb.WATCH) else None
+            route = dataclasses.replace(route, selector=pushed or Selector(), cache=False)
         ctx = ProxyRequest(
             request=request,
             route=route,
@@ -283,6 +288,22 @@ class ProxyHandler:
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
+        if (
+            self._cache is not None
+            and claimed_cache
+            and cache_plan.cacheable(api, checked, representation, wildcard=path.wildcard)
+        ):
+            try:
+                response = await _serve_claimed_cached(ctx, self._cache)
+            except cached.Fallback as e:
+                self._metrics.cache_reads.labels(api.verb, "fallback").inc()
+                log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
+            except BaseException:
+                self._metrics.cache_reads.labels(api.verb, "served").inc()
+                raise
+            else:
+                self._metrics.cache_reads.labels(api.verb, "served").inc()
+                return response
         if (
             self._cache is not None
             and ctx.records_holds
@@ -340,6 +361,37 @@ class ProxyHandler:
                 retry_after=5,
             )
         return ClaimedView((group, resource), rules, index=references.index), references
+
+
+def pushdown(rules: tuple[Rule, ...]) -> Selector | None:
+    """What kcp can be asked with for a claimed resource read from kcp: the rule's label
+    selector when the resource has exactly one rule and it is a selector (kcp then sends
+    only what that rule shows; the proxy checks every object against the rules all the same).
+    A ``referencedBy`` rule, or several rules (an OR no label selector can say): None — kcp is
+    asked for the client's own selection, and the proxy filters."""
+    if len(rules) == 1 and rules[0].selector is not None:
+        return rules[0].selector
+    return None
+
+
+async def _serve_claimed_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
+    """A claimed resource's LIST or WATCH from the shared cache (:mod:`~vwserver.proxy.
+    cached_claimed`), in the negotiated representation."""
+    table = ctx.representation.shape is negotiation.Shape.TABLE
+    base, path = ctx.upstream_base, cached.api_path(ctx)
+    resource = await (
+        cache.acquire_table(upstream=base, api_path=path)
+        if table
+        else cache.acquire(upstream=base, api_path=path)
+    )
+    try:
+        if ctx.api.verb is Verb.LIST:
+            listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
+            return await cached_claimed.serve_claimed_list(ctx, resource, listing)
+        watching = cache_plan.watch_plan(ctx.options)
+        return await cached_claimed.serve_claimed_watch(ctx, resource, watching)
+    finally:
+        cache.release(resource)
 
 
 REFERENCES_SYNC_SECONDS = 10.0

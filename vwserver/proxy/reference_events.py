@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -115,31 +115,73 @@ async def fetch_line(
     return event_line("ADDED" if transition.visible else "MODIFIED", got.body)
 
 
+class Listening:
+    """The transitions of one pass-through watch, listened to from before its upstream request
+    is sent (a transition while kcp is being asked would otherwise reach no listener) — and,
+    for a watch from a resourceVersion, those the slice's index made since then
+    (:meth:`~vwserver.cache.related_index.SliceReferences.since`: a LIST, a reference change,
+    then the watch — the Secret it made visible has no change of its own to replay)."""
+
+    def __init__(self, ctx: ProxyRequest, *, since: str) -> None:
+        self.queue: asyncio.Queue[Transition] = asyncio.Queue()
+        self.overflowed = False
+        self.up: aiohttp.ClientResponse | None = None
+        self._undo: Callable[[], None] | None = None
+        references, claimed = ctx.references, ctx.claimed
+        if references is None or claimed is None:
+            return
+        self._claim, self._scope = claimed.claim, ctx.scope
+        if since.isdigit():
+            missed = references.since(int(since))
+            if missed is None:
+                log.info(
+                    "watch on %s from %s: the slice's reference history does not reach back",
+                    ctx.api.resource,
+                    since,
+                )
+            self._take(missed or [])
+        self._undo = references.listen(self._take)
+
+    @property
+    def active(self) -> bool:
+        return self._undo is not None
+
+    def _take(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            if in_scope(t, claim=self._claim, scope=self._scope):
+                if self.queue.qsize() >= QUEUE:
+                    self.overflowed = True
+                    if self.up is not None:
+                        self.up.close()
+                    return
+                self.queue.put_nowait(t)
+
+    def close(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+
 async def merged(
-    ctx: ProxyRequest, up: aiohttp.ClientResponse, *, delivered: Delivered
+    ctx: ProxyRequest,
+    up: aiohttp.ClientResponse,
+    *,
+    delivered: Delivered,
+    listening: Listening | None = None,
 ) -> AsyncIterator[tuple[bool, bytes]]:
     """The upstream's chunks (False, chunk) and, between them, one event line per transition
-    of the slice's references in the watch's scope (True, line); ends with the upstream."""
-    references, claimed = ctx.references, ctx.claimed
-    if references is None or claimed is None:
+    of the slice's references in the watch's scope (True, line); ends with the upstream.
+    ``listening``: started before the upstream request (else now, missing what came between)."""
+    if listening is None:
+        listening = Listening(ctx, since="")
+    if not listening.active:
         async for chunk in up.content.iter_any():
             yield False, chunk
         return
-    queue: asyncio.Queue[Transition] = asyncio.Queue()
-    scope = ctx.scope
-    overflowed = False
-
-    def listen(transitions: list[Transition]) -> None:
-        nonlocal overflowed
-        for t in transitions:
-            if in_scope(t, claim=claimed.claim, scope=scope):
-                if queue.qsize() >= QUEUE:
-                    overflowed = True
-                    up.close()
-                    return
-                queue.put_nowait(t)
-
-    undo = references.listen(listen)
+    listening.up = up
+    queue = listening.queue
+    if listening.overflowed:
+        up.close()
     read: asyncio.Future[bytes] | None = None
     got: asyncio.Future[Transition] | None = None
     try:
@@ -162,10 +204,10 @@ async def merged(
                 if not chunk:
                     break
                 yield False, chunk
-        if overflowed:
+        if listening.overflowed:
             raise Overflowed("too many reference changes for this watch")
     finally:
-        undo()
+        listening.close()
         for waiter in (read, got):
             if waiter is not None:
                 waiter.cancel()

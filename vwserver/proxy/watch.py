@@ -72,6 +72,36 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
     member = ctx.member if membership else None
     strip = ctx.strip_objects
     table, scope, delivered = ctx.table, ctx.scope, Delivered(since=_start(ctx))
+    # Listening to the slice's references starts before kcp is asked (claimed resources).
+    listening = reference_events.Listening(ctx, since=delivered.since)
+    try:
+        return await _watch(
+            ctx,
+            listening,
+            selector=selector,
+            member=member,
+            strip=strip,
+            table=table,
+            scope=scope,
+            delivered=delivered,
+            membership=membership,
+        )
+    finally:
+        listening.close()
+
+
+async def _watch(
+    ctx: ProxyRequest,
+    listening: reference_events.Listening,
+    *,
+    selector: Selector,
+    member: Member | None,
+    strip: bool,
+    table: bool,
+    scope: Scope,
+    delivered: Delivered,
+    membership: bool,
+) -> web.StreamResponse:
     async with ctx.upstream.request(
         "GET",
         ctx.upstream_url,
@@ -102,7 +132,9 @@ async def serve_watch(ctx: ProxyRequest) -> web.StreamResponse:
         )
         try:
             with ctx.metrics.open_watches.labels(slice_label).track_inprogress():
-                async for synthetic, chunk in reference_events.merged(ctx, up, delivered=delivered):
+                async for synthetic, chunk in reference_events.merged(
+                    ctx, up, delivered=delivered, listening=listening
+                ):
                     if synthetic:
                         # A whole event line about a claimed object whose visibility by
                         # reference changed: before the rest of a line still arriving.
