@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from fakekcp.upstream import FakeUpstream
 from tests.integration.related_support import (
     RelatedWorld,
     changed,
+    eventually,
     quiet_round,
     related_world,
     resyncs,
@@ -58,17 +59,6 @@ from vwserver.syncer.runner import Syncer
 
 TIMEOUT = 30.0
 T = TypeVar("T")
-
-
-async def eventually(what: str, probe: Callable[[], Awaitable[T | None]]) -> T:
-    """``probe()`` until it returns something truthy, for at most TIMEOUT seconds."""
-    async with asyncio.timeout(TIMEOUT):
-        while True:
-            value = await probe()
-            if value:
-                return value
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"unreachable: {what}")  # pragma: no cover
 
 
 @dataclass

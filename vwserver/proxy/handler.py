@@ -288,29 +288,14 @@ class ProxyHandler:
         )
         if api.discovery:
             return await reads.serve_passthrough(ctx)
+        serve_cached = _serve_claimed_cached if claimed_cache else _serve_cached
         if (
             self._cache is not None
-            and claimed_cache
+            and (claimed_cache or ctx.records_holds)
             and cache_plan.cacheable(api, checked, representation, wildcard=path.wildcard)
         ):
             try:
-                response = await _serve_claimed_cached(ctx, self._cache)
-            except cached.Fallback as e:
-                self._metrics.cache_reads.labels(api.verb, "fallback").inc()
-                log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
-            except BaseException:
-                self._metrics.cache_reads.labels(api.verb, "served").inc()
-                raise
-            else:
-                self._metrics.cache_reads.labels(api.verb, "served").inc()
-                return response
-        if (
-            self._cache is not None
-            and ctx.records_holds
-            and cache_plan.cacheable(api, checked, representation, wildcard=path.wildcard)
-        ):
-            try:
-                response = await _serve_cached(ctx, self._cache)
+                response = await serve_cached(ctx, self._cache)
             except cached.Fallback as e:
                 self._metrics.cache_reads.labels(api.verb, "fallback").inc()
                 log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
