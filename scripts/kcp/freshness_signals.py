@@ -169,14 +169,17 @@ async def costs(kcp: KcpInstance, collection: str, widgets: str, cms: str) -> No
 
 
 async def _configmap_writes(s: aiohttp.ClientSession, cms: str, count: int) -> int:
-    """``count`` ConfigMaps created and deleted; the last write's resourceVersion."""
+    """``count`` ConfigMaps created and updated; the last write's resourceVersion."""
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "s-"}}
     last = 0
-    for _ in range(count):
+    for n in range(count):
         async with s.post(cms, json=body) as r:
             name = (await r.json())["metadata"]["name"]
-        async with s.delete(f"{cms}/{name}") as r:
+        patch = json.dumps({"data": {"n": str(n)}})
+        async with s.patch(f"{cms}/{name}", data=patch, headers=MERGE) as r:
             last = _rv(await r.json())
+        async with s.delete(f"{cms}/{name}") as r:
+            await r.read()
     return last
 
 
@@ -189,7 +192,7 @@ async def _watch_lines(
     seen: list[tuple[float, str, int]] = []
     async with s.get(collection, params=params) as r:
         if r.status != 200:
-            return r.status, [(time.monotonic() - t0, (await r.text())[:160], 0)]
+            return r.status, [(time.monotonic() - t0, (await r.text())[:400], 0)]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(limit):
                 async for line in r.content:

@@ -8,26 +8,29 @@ watches are made short so that the server sends that bookmark within seconds ins
 minute; :class:`~vwserver.k8s.reflector.RawReflector` does the I/O.
 
 kcp facts (v0.32.3, its apiserver's watch cache, ``k8s.io/apiserver/pkg/storage/cacher``;
-measured by ``scripts/kcp/freshness_signals.py``, relied on by
-tests/e2e/test_consistent_list_kcp.py):
+measured on kcp's APIExport VW, ``clusters/*``, with ``FRESHNESS_ONLY=bookmarks
+scripts/kcp/freshness_signals.py``: a watch from the resourceVersion of before three ConfigMap
+writes in another workspace; relied on by tests/e2e/test_consistent_list_kcp.py):
 
-* A watch with ``allowWatchBookmarks=true`` and ``timeoutSeconds=N`` is sent one BOOKMARK
-  2 s before its deadline (``cacheWatcher.nextBookmarkTime``), by the cacher's bookmark timer
-  that ticks every 1 s ± 25 %: with N = 3 it arrives 1-2.3 s after the watch started. With
-  N <= 2 the pre-deadline moment has passed when the watch is registered: none. Otherwise
-  bookmarks come about once a minute.
-* The bookmark carries the watch cache's resourceVersion at that moment, and is sent only when
-  that is beyond the watch's starting resourceVersion (a watch from the current resourceVersion
-  of an idle shard gets none, and just ends at N s). It travels the watcher's own ordered
-  channel: every event of the resource up to its resourceVersion was sent before it.
-* The watch cache follows the shard's revision beyond the resource's own events when asked:
-  a consistent LIST (no resourceVersion; the one-item LIST that reads X) makes the cacher ask
-  etcd for a progress notification and wait for it, so after it the watch cache — and the next
-  pre-deadline bookmark — is at X at least.
-* Nothing quicker reaches the loop's own stream: ``sendInitialEvents=false`` is an ordinary
-  watch (no bookmark until the pre-deadline one), ``resourceVersionMatch`` is refused on a watch
-  without ``sendInitialEvents=true``, and ``sendInitialEvents=true`` sends the whole state before
-  its bookmark — a full list. Another watch's bookmark is not ordered with this stream.
+* A watch with ``allowWatchBookmarks=true`` and ``timeoutSeconds=N`` is sent a BOOKMARK 2 s
+  before its deadline (``cacheWatcher.nextBookmarkTime``), by the cacher's bookmark timer that
+  ticks every 1 s ± 25 %: N = 3 got it 0.9-1.6 s after the request (once a second one at
+  2.0 s), N = 6 at 3.6-4.2 s; N = 1 and N = 2 got none (the pre-deadline moment has passed
+  when the watch is registered) — the stream just ends at N s. Otherwise bookmarks come about
+  once a minute.
+* That bookmark carries the watch cache's resourceVersion, and only when it is beyond the
+  watch's starting one: after the writes and a consistent one-item LIST that read X, the
+  bookmark was at exactly X every time; without that LIST it never came (the stream ended at
+  N s) — writes to other resources do not move this resource's watch cache, a consistent LIST
+  of it does (the cacher asks etcd for a progress notification and waits for it: the ~90 ms a
+  consistent read may wait after another resource's write). It travels the watcher's own
+  ordered channel: every event of the resource up to its resourceVersion was sent before it.
+* Nothing quicker reaches the loop's own stream: ``sendInitialEvents=false`` is refused (422)
+  without ``resourceVersionMatch=NotOlderThan`` and with it is an ordinary watch (its bookmark
+  came 2 s before the deadline too); ``resourceVersionMatch`` without ``sendInitialEvents`` is
+  refused on a watch (422, "resourceVersionMatch is forbidden for watch unless
+  sendInitialEvents is provided"); ``sendInitialEvents=true`` sends the whole state before its
+  bookmark — a full list. Another watch's bookmark is not ordered with this stream.
 
 So: once a reader found the server ahead of the stream (:meth:`~vwserver.k8s.reflector.
 RawReflector.want_progress`), the loop's watches ask for :data:`PROGRESS_TIMEOUT` seconds
@@ -35,7 +38,9 @@ during :data:`PROGRESS_WINDOW` seconds — a long watch running then is cut and 
 last resourceVersion (nothing lost, nothing replayed) — and each of them brings a bookmark at
 the server's revision as of the last consistent read. A loop nobody asks stays on long
 watches: it costs the server one watch per :data:`PROGRESS_TIMEOUT` seconds only while readers
-need it.
+need it. The bookmark is at the revision of the last consistent read of the resource — the
+reader's own one-item LIST, or kcp's answer to the read that fell back — so a reader after it
+is proven unless the shard wrote something since.
 """
 
 from __future__ import annotations

@@ -72,8 +72,10 @@ log = logging.getLogger(__name__)
 #   kcp's own cache to catch up (a direct consistent LIST waits as long).
 # * X counts every write of the shard (etcd's revision): other resources and workspaces move
 #   it without an event on this resource's stream, which then reaches X only with its next
-#   event or kcp's bookmark (about once a minute; none before a watch's deadline; an idle kcp
-#   writes something of its own about every 10 s).
+#   event or a bookmark: kcp's periodic one (about once a minute; an idle kcp writes something
+#   of its own about every 10 s), or the one kcp sends 2 s before a watch's deadline — with
+#   ``timeoutSeconds=3`` 0.9-1.6 s after the watch started, at the resourceVersion of the last
+#   consistent read of the resource (this one-item LIST included), and none with 1 or 2.
 # * Two watches are not ordered with each other: a watch-list's bookmark at X arrived BEFORE
 #   another watch of the same resource had delivered its events <= X in 2-35% of probes under
 #   concurrent writes (35% at 1.5k objects, 2% at 10k, where the probe itself takes longer;
@@ -89,7 +91,10 @@ log = logging.getLogger(__name__)
 # resource up to X. The wait covers this resource's events in flight after X was read (a
 # client's own write just before its read); when it ends unproven, kcp answers (correct, just
 # not faster). A write to this resource after every other write of the shard — kubectl apply
-# then get, a busy resource — proves it within milliseconds.
+# then get, a busy resource — proves it within milliseconds. A read that found kcp ahead asks
+# the reflector for progress (SharedResource.upstream_at, vwserver/k8s/progress.py): its
+# watches are 3 s long for a minute, so the pre-deadline bookmark brings the stream to X
+# within ~2 s, and the reads after it are proven unless the shard wrote something since.
 SYNC_WAIT: Final = 10.0
 FRESHNESS_WAIT: Final = 0.02
 QUEUE_SIZE: Final = 1024
