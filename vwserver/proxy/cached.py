@@ -106,7 +106,16 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Fallback(Exception):
-    """The cache cannot answer this request exactly right now: use the pass-through path."""
+    """The cache cannot answer this request exactly right now: use the pass-through path.
+
+    ``objects`` and ``raw_bytes``: the cache's collection (all logical clusters) when the cache
+    is synced — how large kcp's answer can be, for the pass-through's first upstream page
+    (:func:`~vwserver.proxy.lists.first_page_size`)."""
+
+    def __init__(self, message: str, *, objects: int = 0, raw_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.objects = objects
+        self.raw_bytes = raw_bytes
 
 
 class _MetadataOnly(msgspec.Struct):
@@ -219,7 +228,7 @@ async def ready(
             # An earlier consistent read found kcp ahead of the stream, and nothing has
             # arrived on the stream since: kcp's resourceVersion now is that one or newer, so
             # this read could not be proven either. kcp answers it, without the freshness read.
-            raise Fallback(f"cache of {ctx.api.resource} behind kcp")
+            raise Fallback(f"cache of {ctx.api.resource} behind kcp", **_size(resource))
         rv = await _upstream_resource_version(ctx)
         started = loop.time()
     # ANY needs nothing more; the others need the cache at ``rv`` at least (an exact read at a
@@ -232,9 +241,13 @@ async def ready(
     ):
         if consistency is Consistency.CONSISTENT:
             resource.upstream_at(rv)
-        raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
+        raise Fallback(f"cache of {ctx.api.resource} behind {rv}", **_size(resource))
     if consistency is Consistency.CONSISTENT:
         ctx.metrics.cache_freshness_wait.observe(loop.time() - started)
+
+
+def _size(resource: SharedResource) -> dict[str, int]:
+    return {"objects": len(resource.store), "raw_bytes": resource.store.raw_bytes}
 
 
 async def _cluster_served_here(ctx: ProxyRequest, resource: SharedResource) -> None:
