@@ -14,13 +14,20 @@ kubectl's default paging (``limit=500``, seen in ``kubectl -v=6``) and with each
 ``--chunk-size`` asked for, against the same kubectl pointed at kcp directly. What one
 consistent LIST through the slice cost is counted once more after the timing: vwserver's
 requests to kcp, the cache's answers (served / fallback) and kcp's CPU against the direct LIST.
+
+``busy`` (``run.py --consistent-busy SECONDS``): while the paths are timed and counted, a
+ConfigMap in the other consumer workspace is created and deleted every that many seconds —
+kcp's resourceVersion then runs ahead of the cache's stream without an event on it, the case
+where a consistent read can only be proven after kcp's next bookmark (see docs/cache.md) and is
+otherwise answered by kcp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -76,6 +83,35 @@ def kubectl_path(chunk: str) -> str:
     return "kubectl get" if chunk == "default" else f"kubectl get --chunk-size={chunk}"
 
 
+@contextlib.asynccontextmanager
+async def other_writes(
+    s: aiohttp.ClientSession, url: str, every: float
+) -> AsyncIterator[list[int]]:
+    """A ConfigMap created and deleted at ``url`` every ``every`` seconds (0: nothing) while the
+    block runs; yields [writes made]."""
+    made = [0]
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "busy-"}}
+        while not stop.is_set():
+            async with s.post(url, json=body) as r:
+                name = (await r.json())["metadata"]["name"]
+            async with s.delete(f"{url}/{name}") as r:
+                await r.read()
+            made[0] += 2
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+
+    task = asyncio.create_task(write()) if every > 0 else None
+    try:
+        yield made
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+
+
 async def bench_consistent(
     results: Results,
     counts: tuple[int, ...],
@@ -83,8 +119,11 @@ async def bench_consistent(
     repeat: int,
     page_size: int,
     chunks: tuple[str, ...],
+    busy: float = 0.0,
 ) -> None:
     async with kcp_world() as (kcp, world):
+        other = world.consumer("consumer-b")
+        busy_url = f"{kcp.url}/clusters/{other.path}/api/v1/namespaces/default/configmaps"
         ws = world.consumer("consumer-a")
         await kcp.kubectl("create", "namespace", NAMESPACE, server=ws.url)
         create_url = f"{kcp.url}/clusters/{ws.path}/{world.api_path}/namespaces/{NAMESPACE}/widgets"
@@ -136,13 +175,21 @@ async def bench_consistent(
                         vw_server, chunk, "direct", selector=SELECTOR
                     )
                     calls[f"{path}, slice"] = kubectl(slice_server, chunk, "slice")
-                await timed_rounds(calls, 1)  # warm up: the cache's first LIST, kubectl's cache
-                reads_before = await cache_reads(cx, ssl_context=tp.ssl_context())
-                timings = await timed_rounds(calls, repeat)
-                reads = await cache_reads(cx, ssl_context=tp.ssl_context())
-                costs = await one_list_costs(
-                    s, kcp.url, kcp_pid(kcp), cx, direct=direct, cached=cached
-                )
+                async with kcp.http_session() as b, other_writes(b, busy_url, busy) as churn:
+                    await timed_rounds(calls, 1)  # warm up: the cache's first LIST, kubectl's
+                    reads_before = await cache_reads(cx, ssl_context=tp.ssl_context())
+                    timings = await timed_rounds(calls, repeat)
+                    reads = await cache_reads(cx, ssl_context=tp.ssl_context())
+                    costs = await one_list_costs(
+                        s, kcp.url, kcp_pid(kcp), cx, direct=direct, cached=cached
+                    )
+                if busy:
+                    note = (
+                        f"consistent at {matching:,}: kcp busy, {churn[0]} ConfigMap writes in "
+                        f"another workspace (one every {busy:g} s) while timed"
+                    )
+                    print(note, flush=True)
+                    results.notes.append(note)
             record_consistent(results, matching, timings, chunks)
             record_costs(results, matching, costs, reads_before=reads_before, reads=reads)
 

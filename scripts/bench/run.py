@@ -207,6 +207,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda text: tuple(text.split(",")),
         help="consistent reads: kubectl get --chunk-size values ('default': none given)",
     )
+    parser.add_argument(
+        "--consistent-busy",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="consistent reads: write a ConfigMap in another workspace every SECONDS while timing"
+        " (kcp busy with other resources; 0: an idle kcp)",
+    )
     parser.add_argument("--page-size", type=int, default=500, help="vwserver's listPageSize")
     parser.add_argument(
         "--workers",
@@ -311,6 +319,7 @@ async def run_parts(args: argparse.Namespace, results: Results) -> list[str]:
             repeat=z.repeat,
             page_size=args.page_size,
             chunks=z.kubectl_chunks,
+            busy=args.consistent_busy,
         ),
         "shards": lambda: bench_shards(
             results,

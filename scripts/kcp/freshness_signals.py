@@ -12,6 +12,11 @@ Bootstraps the demo world on that kcp (idempotent), then:
    other watch had not yet delivered a widget write <= X, and how long it took to arrive.
 2. **The cost of reading X**, after a write to this resource and after a write to another one:
    that watch-list, a one-item LIST (what vwserver uses), a LIST whose selector matches nothing.
+3. **Bookmarks on a watch's own stream.** A watch from the resourceVersion of before some
+   ConfigMap writes (another resource) with ``allowWatchBookmarks`` and ``timeoutSeconds`` N:
+   when its bookmarks come and with which resourceVersion, against kcp's current X read after
+   the writes (with and without that consistent read); and what ``sendInitialEvents=false`` and
+   ``resourceVersionMatch`` on an ordinary watch answer (vwserver/k8s/progress.py).
 
 The facts vwserver relies on are written next to the code (vwserver/proxy/cached.py,
 FRESHNESS_WAIT); this script is how they were measured (figures vary with the machine's load).
@@ -20,6 +25,7 @@ FRESHNESS_WAIT); this script is how they were measured (figures vary with the ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -162,6 +168,90 @@ async def costs(kcp: KcpInstance, collection: str, widgets: str, cms: str) -> No
                 await r.read()
 
 
+async def _configmap_writes(s: aiohttp.ClientSession, cms: str, count: int) -> int:
+    """``count`` ConfigMaps created and updated; the last write's resourceVersion."""
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "s-"}}
+    last = 0
+    for n in range(count):
+        async with s.post(cms, json=body) as r:
+            name = (await r.json())["metadata"]["name"]
+        patch = json.dumps({"data": {"n": str(n)}})
+        async with s.patch(f"{cms}/{name}", data=patch, headers=MERGE) as r:
+            last = _rv(await r.json())
+        async with s.delete(f"{cms}/{name}") as r:
+            await r.read()
+    return last
+
+
+async def _watch_lines(
+    s: aiohttp.ClientSession, collection: str, params: dict[str, str], limit: float
+) -> tuple[int, list[tuple[float, str, int]]]:
+    """The watch's status and its lines as (seconds after the request, type, resourceVersion),
+    until it ends (or ``limit`` seconds)."""
+    t0 = time.monotonic()
+    seen: list[tuple[float, str, int]] = []
+    async with s.get(collection, params=params) as r:
+        if r.status != 200:
+            return r.status, [(time.monotonic() - t0, (await r.text())[:400], 0)]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit):
+                async for line in r.content:
+                    event = json.loads(line)
+                    seen.append((time.monotonic() - t0, event["type"], _rv(event["object"])))
+        seen.append((time.monotonic() - t0, "END", 0))
+        return r.status, seen
+
+
+async def deadline_bookmarks(kcp: KcpInstance, collection: str, cms: str, rounds: int) -> None:
+    async with kcp.http_session(timeout=120) as s:
+        cases: list[tuple[str, dict[str, str], bool]] = [
+            (f"timeoutSeconds={n}", {"timeoutSeconds": str(n)}, True) for n in (1, 2, 3, 6)
+        ]
+        cases += [
+            (
+                "timeoutSeconds=3, no consistent read after the writes",
+                {"timeoutSeconds": "3"},
+                False,
+            ),
+            (
+                "sendInitialEvents=false, timeoutSeconds=8",
+                {"timeoutSeconds": "8", "sendInitialEvents": "false"},
+                True,
+            ),
+            (
+                "sendInitialEvents=false, resourceVersionMatch=NotOlderThan",
+                {
+                    "timeoutSeconds": "8",
+                    "sendInitialEvents": "false",
+                    "resourceVersionMatch": "NotOlderThan",
+                },
+                True,
+            ),
+            (
+                "resourceVersionMatch=NotOlderThan (no sendInitialEvents)",
+                {"timeoutSeconds": "8", "resourceVersionMatch": "NotOlderThan"},
+                True,
+            ),
+        ]
+        for what, extra, consistent_read in cases:
+            for _ in range(rounds):
+                start = await list_rv(s, collection, {"limit": "1"})
+                written = await _configmap_writes(s, cms, 3)
+                x = await list_rv(s, collection, {"limit": "1"}) if consistent_read else written
+                params = {
+                    "watch": "1",
+                    "resourceVersion": str(start),
+                    "allowWatchBookmarks": "true",
+                    **extra,
+                }
+                status, seen = await _watch_lines(s, collection, params, 12)
+                shown = ", ".join(
+                    f"{kind} {rv - x:+d} at {t:.2f}s" if rv else f"{kind} at {t:.2f}s"
+                    for t, kind, rv in seen
+                )
+                print(f"{what}: start {start - x:+d}, x={x}: {status}: {shown}")
+
+
 async def main() -> None:
     probes = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     kcp = KcpInstance.from_kubeconfig(
@@ -174,8 +264,10 @@ async def main() -> None:
     home, other = world.consumers[0], world.consumers[1]
     widgets = f"{home.url}/{world.api_path}/namespaces/default/{world.resource}"
     cms = f"{other.url}/api/v1/namespaces/default/configmaps"
-    await ordering(kcp, collection, widgets, cms, probes)
-    await costs(kcp, collection, widgets, cms)
+    if os.environ.get("FRESHNESS_ONLY") != "bookmarks":
+        await ordering(kcp, collection, widgets, cms, probes)
+        await costs(kcp, collection, widgets, cms)
+    await deadline_bookmarks(kcp, collection, cms, rounds=3)
 
 
 if __name__ == "__main__":

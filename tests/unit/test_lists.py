@@ -19,6 +19,7 @@ from vwserver.proxy.lists import (
     Resume,
     decode_continue,
     encode_continue,
+    first_page_size,
     next_page_size,
     single_namespace,
 )
@@ -108,3 +109,20 @@ def test_next_page_size(
 ) -> None:
     page = page_of(shown, size=size, out_of_scope=dropped)
     assert next_page_size(asked, page, floor=floor) == expected
+
+
+@pytest.mark.parametrize(
+    ("objects", "raw_bytes", "floor", "expected"),
+    [
+        (0, 0, 500, 500),  # the cache holds nothing: listPageSize
+        (300, 300 * 600, 500, 500),  # fewer than a page: never below the floor
+        (5000, 5000 * 600, 500, 5001),  # the whole collection in one page (and its end)
+        (20_000, 20_000 * 300, 500, MAX_PAGE),  # never more than MAX_PAGE objects
+        (20_000, 20_000 * 634, 500, PAGE_BYTES // 634),  # nor more than PAGE_BYTES
+        (100, 100 * 100_000, 500, 500),  # huge objects: the byte bound, not below the floor
+    ],
+)
+def test_first_page_size_of_a_fallback_holds_the_cached_collection_within_the_bounds(
+    objects: int, raw_bytes: int, floor: int, expected: int
+) -> None:
+    assert first_page_size(objects, raw_bytes, floor=floor) == expected

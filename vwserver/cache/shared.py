@@ -35,7 +35,8 @@ The fan-out follows the apiserver's cacher:
   client that filtered that change out learns its progress (the latest bookmark replaces one
   still queued; a full queue skips it — the next change carries the progress anyway).
 * **Consistent reads** wait for the store to reach a resourceVersion read upstream
-  (:meth:`SharedResource.wait_for`); bookmarks advance it while nothing changes.
+  (:meth:`SharedResource.wait_for`); bookmarks advance it while nothing changes, and a read that
+  found kcp ahead asks the reflector for them (:meth:`SharedResource.upstream_at`).
 """
 
 from __future__ import annotations
@@ -392,8 +393,17 @@ class SharedResource:
 
     def upstream_at(self, rv: int) -> None:
         """kcp's current resourceVersion was ``rv`` (a consistent read found it ahead of the
-        stream): remembered until the stream reaches it."""
+        stream): remembered until the stream reaches it, and the reflector asked for progress
+        (:mod:`vwserver.k8s.progress`: short watches, whose pre-deadline bookmark brings the
+        stream to ``rv`` within about 2 s instead of kcp's next periodic one, a minute away)."""
         self._upstream_ahead = max(self._upstream_ahead, rv)
+        if self._upstream_ahead > self.store.rv:
+            self._reflector.want_progress()
+
+    @property
+    def progress_wanted(self) -> bool:
+        """Whether the reflector watches with short timeouts now (:meth:`upstream_at`)."""
+        return self._reflector.progress_wanted
 
     def wrote(self, raw: bytes) -> None:
         """``raw``: the object as kcp answered a write through the proxy — newer than anything

@@ -17,8 +17,9 @@ kcp or a downstream cluster runs one (the slice controller, the syncer, through
   on the stream) waits :class:`~vwserver.k8s.backoff.Backoff` on the injected
   :class:`~vwserver.clock.Clock`, and is kept in :attr:`Reflector.last_error` for ``/readyz`` and
   logs — never swallowed, and logged as a warning once when it begins (or changes kind), not at
-  every retry. A watch that ends without a single event (not even a bookmark) also
-  backs off: a server that closes every watch at once must not make this spin.
+  every retry. A watch that ends early (before half its timeout) without a single event (not
+  even a bookmark) also backs off: a server that closes every watch at once must not make
+  this spin.
 * **Idle timeout.** Each watch asks for ``timeoutSeconds`` drawn from ``[watch_timeout,
   2*watch_timeout)`` (so that many clients do not re-watch together, as client-go does), and
   gives up on a stream that sends nothing for ``silence_limit`` seconds (or ``idle_grace``
@@ -30,6 +31,15 @@ kcp or a downstream cluster runs one (the slice controller, the syncer, through
   and only if *it* gets no answer (:data:`~vwserver.k8s.client.WATCH_ANSWER_WITHIN`) is the
   upstream unreachable. A server that sends no bookmarks and has nothing to say thus costs one
   new watch per silence limit, nothing more.
+* **Progress on demand** (:mod:`vwserver.k8s.progress`). A reader that found the server ahead
+  of the stream calls :meth:`~_ListWatch.want_progress`: for the next minute the loop's watches
+  ask for ``timeoutSeconds=3``, which kcp's watch cache answers with a BOOKMARK 1-2 s in (at
+  the shard's revision as of the last consistent read); a long watch running then is cut and
+  resumed from :attr:`~_ListWatch.resource_version`. A watch cut between two events loses
+  nothing: each event is handed over and its resourceVersion kept before the next is read, and
+  the next watch replays from there whatever the cut one had not delivered. A watch that
+  delivers nothing but lasted half its timeout (a short one on a quiet resource) is watched
+  again at once, without backoff.
 * **Synced.** :attr:`Reflector.synced` is set after the first complete list.
 
 Handlers are synchronous and must be quick (record, enqueue). A DELETED event of a label-selector
@@ -64,6 +74,7 @@ import msgspec
 
 from vwserver.clock import Clock
 from vwserver.errors import ApiError, ApiGone, UpstreamUnavailable, WatchSilent, api_error
+from vwserver.k8s import progress
 from vwserver.k8s.backoff import Backoff
 from vwserver.k8s.client import JSON, KubeClient
 from vwserver.k8s.types import ListPage, ObjectHead, TablePage
@@ -165,6 +176,52 @@ class _ListWatch:
         """Told ``"gone"`` or ``"error"`` whenever the loop starts over (for metrics)."""
         self._rand = rand
         self._failing: str | None = None  # the kind of failure last logged as a warning
+        self._progress_until = progress.NEVER
+        """Until when (monotonic) watches are short: a reader wants progress (want_progress)."""
+        self._timeout = 0
+        """The running (or last) watch's timeoutSeconds."""
+        self._watch_ends: float | None = None
+        """When the running watch's server deadline comes (monotonic); None: none runs."""
+        self._scope: asyncio.Timeout | None = None
+        """Ends the running watch now (a cut: want_progress)."""
+
+    def want_progress(self) -> None:
+        """A reader needs the stream to reach the server's current resourceVersion soon: short
+        watches for a while (:mod:`vwserver.k8s.progress`), and a long one running now is cut
+        (resumed at once from :attr:`resource_version`)."""
+        now = self._clock.monotonic()
+        self._progress_until = progress.demand(self._progress_until, now=now)
+        scope = self._scope
+        if scope is not None and progress.cut(
+            now=now, until=self._progress_until, watch_ends=self._watch_ends
+        ):
+            log.debug("%s: progress wanted; watching again with a short timeout", self.name)
+            self._watch_ends = None  # cut once
+            scope.reschedule(asyncio.get_running_loop().time())
+
+    @property
+    def progress_wanted(self) -> bool:
+        """Whether watches are short now (a reader asked for progress recently)."""
+        return self._clock.monotonic() < self._progress_until
+
+    async def _watch_once(self) -> bool:
+        """One watch (:meth:`_watch`) that :meth:`want_progress` may cut; True when it
+        delivered an event, was cut, or lasted half its timeout (no backoff before the next)."""
+        started = self._clock.monotonic()
+        scope = asyncio.timeout(None)
+        try:
+            async with scope:
+                self._scope = scope
+                delivered = await self._watch()
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            return True  # cut between two events (want_progress): resume from resource_version
+        finally:
+            self._scope = None
+            self._watch_ends = None
+        lasted = self._clock.monotonic() - started
+        return delivered or not progress.ended_early(lasted=lasted, timeout=self._timeout)
 
     async def run(self) -> None:
         failures = 0
@@ -175,13 +232,13 @@ class _ListWatch:
                     await self._list()
                     failures = 0
                     listing = False
-                delivered = await self._watch()
+                resumed = await self._watch_once()
                 self.last_error = None
                 self._recovered()
-                if delivered:
+                if resumed:
                     failures = 0
                     continue
-                failures += 1  # ended without a single event: do not spin
+                failures += 1  # ended at once without a single event: do not spin
             except WatchSilent as e:
                 # The watch had answered (its answer cleared any error), so the upstream was
                 # reachable: resume at once from the same resourceVersion; a dead connection
@@ -235,7 +292,13 @@ class _ListWatch:
 
     def _watch_query(self) -> tuple[list[tuple[str, str]], float]:
         """The next watch's query, and how long its stream may stay silent."""
-        timeout = int(self._watch_timeout * (1 + self._rand()))
+        now = self._clock.monotonic()
+        timeout = progress.watch_timeout(
+            now=now,
+            until=self._progress_until,
+            long_timeout=int(self._watch_timeout * (1 + self._rand())),
+        )
+        self._timeout, self._watch_ends = timeout, now + timeout
         query = [
             *self._selectors,
             ("resourceVersion", self.resource_version),

@@ -72,8 +72,10 @@ log = logging.getLogger(__name__)
 #   kcp's own cache to catch up (a direct consistent LIST waits as long).
 # * X counts every write of the shard (etcd's revision): other resources and workspaces move
 #   it without an event on this resource's stream, which then reaches X only with its next
-#   event or kcp's bookmark (about once a minute; none before a watch's deadline; an idle kcp
-#   writes something of its own about every 10 s).
+#   event or a bookmark: kcp's periodic one (about once a minute; an idle kcp writes something
+#   of its own about every 10 s), or the one kcp sends 2 s before a watch's deadline — with
+#   ``timeoutSeconds=3`` 0.9-1.6 s after the watch started, at the resourceVersion of the last
+#   consistent read of the resource (this one-item LIST included), and none with 1 or 2.
 # * Two watches are not ordered with each other: a watch-list's bookmark at X arrived BEFORE
 #   another watch of the same resource had delivered its events <= X in 2-35% of probes under
 #   concurrent writes (35% at 1.5k objects, 2% at 10k, where the probe itself takes longer;
@@ -89,7 +91,10 @@ log = logging.getLogger(__name__)
 # resource up to X. The wait covers this resource's events in flight after X was read (a
 # client's own write just before its read); when it ends unproven, kcp answers (correct, just
 # not faster). A write to this resource after every other write of the shard — kubectl apply
-# then get, a busy resource — proves it within milliseconds.
+# then get, a busy resource — proves it within milliseconds. A read that found kcp ahead asks
+# the reflector for progress (SharedResource.upstream_at, vwserver/k8s/progress.py): its
+# watches are 3 s long for a minute, so the pre-deadline bookmark brings the stream to X
+# within ~2 s, and the reads after it are proven unless the shard wrote something since.
 SYNC_WAIT: Final = 10.0
 FRESHNESS_WAIT: Final = 0.02
 QUEUE_SIZE: Final = 1024
@@ -101,7 +106,16 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Fallback(Exception):
-    """The cache cannot answer this request exactly right now: use the pass-through path."""
+    """The cache cannot answer this request exactly right now: use the pass-through path.
+
+    ``objects`` and ``raw_bytes``: the cache's collection (all logical clusters) when the cache
+    is synced — how large kcp's answer can be, for the pass-through's first upstream page
+    (:func:`~vwserver.proxy.lists.first_page_size`)."""
+
+    def __init__(self, message: str, *, objects: int = 0, raw_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.objects = objects
+        self.raw_bytes = raw_bytes
 
 
 class _MetadataOnly(msgspec.Struct):
@@ -223,7 +237,7 @@ async def ready(
             # An earlier consistent read found kcp ahead of the stream, and nothing has
             # arrived on the stream since: kcp's resourceVersion now is that one or newer, so
             # this read could not be proven either. kcp answers it, without the freshness read.
-            raise Fallback(f"cache of {ctx.api.resource} behind kcp")
+            raise Fallback(f"cache of {ctx.api.resource} behind kcp", **_size(resource))
         rv = await _upstream_resource_version(ctx)
         started = loop.time()
     # ANY needs nothing more; the others need the cache at ``rv`` at least (an exact read at a
@@ -236,9 +250,13 @@ async def ready(
     ):
         if consistency is Consistency.CONSISTENT:
             resource.upstream_at(rv)
-        raise Fallback(f"cache of {ctx.api.resource} behind {rv}")
+        raise Fallback(f"cache of {ctx.api.resource} behind {rv}", **_size(resource))
     if consistency is Consistency.CONSISTENT:
         ctx.metrics.cache_freshness_wait.observe(loop.time() - started)
+
+
+def _size(resource: SharedResource) -> dict[str, int]:
+    return {"objects": len(resource.store), "raw_bytes": resource.store.raw_bytes}
 
 
 async def _cluster_served_here(ctx: ProxyRequest, resource: SharedResource) -> None:

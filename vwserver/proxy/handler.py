@@ -299,6 +299,11 @@ class ProxyHandler:
             except cached.Fallback as e:
                 self._metrics.cache_reads.labels(api.verb, "fallback").inc()
                 log.info("%s of %s from kcp: %s", api.verb, api.resource, e)
+                if api.verb is Verb.LIST and not ctx.options.get("limit"):
+                    # the proxy pages kcp's answer itself: as few pages as its bounds allow
+                    ctx.page_size = lists.first_page_size(
+                        e.objects, e.raw_bytes, floor=ctx.page_size
+                    )
             except BaseException:
                 # The cache answered — an error Status, or a watch its client ended (the
                 # handler is cancelled): served all the same.

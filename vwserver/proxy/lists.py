@@ -523,6 +523,23 @@ async def serve_apibindings_list(ctx: ProxyRequest) -> web.StreamResponse:
     return web.Response(status=200, body=writer.entries(page.entries, last=True), headers=headers)
 
 
+def first_page_size(objects: int, raw_bytes: int, *, floor: int) -> int:
+    """The first upstream page of a LIST the proxy pages itself when the shared cache knows the
+    collection (``objects`` of ``raw_bytes`` in all, every logical cluster; a consistent read
+    it could not prove, :class:`~vwserver.proxy.cached.Fallback`): what holds the whole
+    collection, within the same bounds as :func:`next_page_size` (:data:`MAX_PAGE`,
+    :data:`PAGE_BYTES` at the cache's bytes per object) and never below ``floor``.
+
+    Why: doubling from ``listPageSize`` (500) is 5 pages for 5,000 objects; each is a LIST of its
+    own for kcp — measured at 10,000 selected objects on a busy kcp, 2.05 times the direct
+    LIST's time and 2.5 times its CPU, against 1.08 and 0.83 with one page (docs/cache.md).
+    Asking for more than there is costs nothing: kcp answers what matches."""
+    if objects <= 0:
+        return floor
+    per_object = max(raw_bytes // objects, 1)
+    return max(floor, min(objects + 1, MAX_PAGE, max(1, PAGE_BYTES // per_object)))
+
+
 def next_page_size(asked: int, page: Page, *, floor: int) -> int:
     """The limit of the next upstream page of a LIST the proxy pages itself, after ``page``
     (read with limit ``asked``): twice ``asked``, at most what fits :data:`PAGE_BYTES` at
