@@ -367,21 +367,13 @@ def pushdown(rules: tuple[Rule, ...]) -> Selector | None:
 async def _serve_claimed_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
     """A claimed resource's LIST or WATCH from the shared cache (:mod:`~vwserver.proxy.
     cached_claimed`), in the negotiated representation."""
-    table = ctx.representation.shape is negotiation.Shape.TABLE
-    base, path = ctx.upstream_base, cached.api_path(ctx)
-    resource = await (
-        cache.acquire_table(upstream=base, api_path=path)
-        if table
-        else cache.acquire(upstream=base, api_path=path)
+    return await _from_cache(
+        ctx,
+        cache,
+        table=ctx.representation.shape is negotiation.Shape.TABLE,
+        serve_list=cached_claimed.serve_claimed_list,
+        serve_watch=cached_claimed.serve_claimed_watch,
     )
-    try:
-        if ctx.api.verb is Verb.LIST:
-            listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
-            return await cached_claimed.serve_claimed_list(ctx, resource, listing)
-        watching = cache_plan.watch_plan(ctx.options)
-        return await cached_claimed.serve_claimed_watch(ctx, resource, watching)
-    finally:
-        cache.release(resource)
 
 
 REFERENCES_SYNC_SECONDS = 10.0
@@ -412,27 +404,45 @@ def _request_id() -> str:
 
 async def _serve_cached(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
     if ctx.representation.shape is negotiation.Shape.TABLE:
-        return await _serve_cached_table(ctx, cache)
-    resource = await cache.acquire(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
+        return await _from_cache(
+            ctx,
+            cache,
+            table=True,
+            serve_list=cached_tables.serve_table_list,
+            serve_watch=cached_tables.serve_table_watch,
+        )
+    return await _from_cache(
+        ctx,
+        cache,
+        table=False,
+        serve_list=cached.serve_cached_list,
+        serve_watch=cached.serve_cached_watch,
+    )
+
+
+async def _from_cache(
+    ctx: ProxyRequest,
+    cache: CacheRegistry,
+    *,
+    table: bool,
+    serve_list: Callable[..., Awaitable[web.StreamResponse]],
+    serve_watch: Callable[..., Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Hold the shared collection (as Tables: ``table``) of the request's resource while
+    ``serve_list`` or ``serve_watch`` answers from it with the request's plan."""
+    base, path = ctx.upstream_base, cached.api_path(ctx)
+    resource = await (
+        cache.acquire_table(upstream=base, api_path=path)
+        if table
+        else cache.acquire(upstream=base, api_path=path)
+    )
     try:
         if ctx.api.verb is Verb.LIST:
             listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
-            return await cached.serve_cached_list(ctx, resource, listing)
-        return await cached.serve_cached_watch(ctx, resource, cache_plan.watch_plan(ctx.options))
+            return await serve_list(ctx, resource, listing)
+        return await serve_watch(ctx, resource, cache_plan.watch_plan(ctx.options))
     finally:
         cache.release(resource)
-
-
-async def _serve_cached_table(ctx: ProxyRequest, cache: CacheRegistry) -> web.StreamResponse:
-    table = await cache.acquire_table(upstream=ctx.upstream_base, api_path=cached.api_path(ctx))
-    try:
-        if ctx.api.verb is Verb.LIST:
-            listing = cache_plan.list_plan(ctx.options, origin=kcp.shard_id(ctx.upstream_base))
-            return await cached_tables.serve_table_list(ctx, table, listing)
-        watching = cache_plan.watch_plan(ctx.options)
-        return await cached_tables.serve_table_watch(ctx, table, watching)
-    finally:
-        cache.release(table)
 
 
 def _upstream_denial(record: RequestRecord, relayed: web.StreamResponse) -> web.Response:
