@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -475,19 +475,47 @@ async def serve_cached_watch(
     # waits for changes, but a client that stops reading during its initial events must be
     # ended too when its queue overflows (the writer closes the connection then).
     subscription.attach(writer)
-    try:
-        await write_lines(response, (enc.event("ADDED", shown(view, e)) for e in start.initial))
-        if plan.initial_events_end:
-            await response.write(enc.bookmark(start.rv, initial_events_end=True))
-        await _stream(
-            ctx, response, subscription, writer, view=view, client=client, enc=enc, plan=plan
-        )
-    except ConnectionError:
-        return response  # the client went away: nothing more to send
-    finally:
+
+    def done() -> None:
         subscription.attach(None)
         writer.close()
         subscription.close()
+
+    return await stream_watch(
+        response,
+        initial=(enc.event("ADDED", shown(view, e)) for e in start.initial),
+        end=(lambda: enc.bookmark(start.rv, initial_events_end=True))
+        if plan.initial_events_end
+        else None,
+        stream=lambda: _stream(
+            ctx, response, subscription, writer, view=view, client=client, enc=enc, plan=plan
+        ),
+        done=done,
+    )
+
+
+async def stream_watch(
+    response: web.StreamResponse,
+    *,
+    initial: Iterable[bytes],
+    end: Callable[[], bytes] | None,
+    stream: Callable[[], Awaitable[None]],
+    done: Callable[[], None],
+) -> web.StreamResponse:
+    """The body of a cached watch whose headers are sent: its ``initial`` events, the
+    initial-events-end bookmark made by ``end`` after them (a Table's first line carries its
+    column definitions; None: the client asked for no bookmark), then ``stream``
+    (the live changes) and the chunked end. ``done`` runs however it ends; a client that went
+    away gets nothing more."""
+    try:
+        await write_lines(response, initial)
+        if end is not None:
+            await response.write(end())
+        await stream()
+    except ConnectionError:
+        return response
+    finally:
+        done()
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response

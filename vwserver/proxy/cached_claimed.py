@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Final, Protocol
@@ -342,21 +341,20 @@ async def serve_claimed_watch(
         )
         if streaming is None or pending is None:
             return response
-        try:
-            await cached.write_lines(response, (lines.event(k, e, c) for k, e, c in start))
-            if plan.initial_events_end:
-                await response.write(lines.bookmark(from_rv, initial_events_end=True))
-            await _stream(ctx, response, streaming, pending, watch, lines, plan=plan)
-        except ConnectionError:
-            return response
+        return await cached.stream_watch(
+            response,
+            initial=(lines.event(k, e, c) for k, e, c in start),
+            end=(lambda: lines.bookmark(from_rv, initial_events_end=True))
+            if plan.initial_events_end
+            else None,
+            stream=lambda: _stream(ctx, response, streaming, pending, watch, lines, plan=plan),
+            done=streaming.close,
+        )
     finally:
         if undo is not None:
             undo()
         if subscription is not None:
             subscription.close()  # idempotent; also when the client left before the headers
-    with contextlib.suppress(ConnectionError):
-        await response.write_eof()
-    return response
 
 
 async def _stream(

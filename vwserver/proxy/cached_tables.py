@@ -22,7 +22,6 @@ fan-out's direct writing is for the informers' object watches.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 from datetime import datetime
@@ -44,6 +43,7 @@ from vwserver.proxy.cached import (
     ready,
     shown,
     start_watch,
+    stream_watch,
     watch_lifetime,
     write_lines,
 )
@@ -204,19 +204,16 @@ async def serve_table_watch(
     response, subscription = await open_watch(ctx, start)
     if subscription is None:
         return response
-    try:
-        now = resource.now()
-        await write_lines(response, (watch.added(e, now) for e in start.initial))
-        if plan.initial_events_end:
-            await response.write(watch.bookmark(start.rv, initial_events_end=True))
-        await _stream(ctx, response, subscription, watch, lifetime=plan.timeout)
-    except ConnectionError:
-        return response  # the client went away: nothing more to send
-    finally:
-        subscription.close()
-    with contextlib.suppress(ConnectionError):
-        await response.write_eof()
-    return response
+    now = resource.now()
+    return await stream_watch(
+        response,
+        initial=(watch.added(e, now) for e in start.initial),
+        end=(lambda: watch.bookmark(start.rv, initial_events_end=True))
+        if plan.initial_events_end
+        else None,
+        stream=lambda: _stream(ctx, response, subscription, watch, lifetime=plan.timeout),
+        done=subscription.close,
+    )
 
 
 async def _stream(
