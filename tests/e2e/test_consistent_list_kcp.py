@@ -44,6 +44,34 @@ NOTHING_SELECTOR = "vwserver.kcp.io/freshness-probe,!vwserver.kcp.io/freshness-p
 """A label selector no object can match: the key present and absent."""
 
 
+@dataclass(frozen=True)
+class Serving:
+    """A vwserver serving slice ``prod`` (``env=prod``) from its cache, and the sessions."""
+
+    base: str
+    proxy: aiohttp.ClientSession
+    direct: aiohttp.ClientSession
+    listing: str  # the slice's LIST of widgets on every consumer
+
+
+@contextlib.asynccontextmanager
+async def _serving(kcp: KcpInstance, world: Bootstrap, **options: Any) -> AsyncIterator[Serving]:
+    async with (
+        slices_over_kcp(
+            kcp,
+            world,
+            slices={"prod": Selector.parse("env=prod")},
+            page_size=500,
+            cache=True,
+            **options,
+        ) as base,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as proxy,
+        kcp.http_session() as direct,
+    ):
+        listing = f"{slice_url(base, world, 'prod', '*')}/{world.api_path}/{world.resource}"
+        yield Serving(base, proxy, direct, listing)
+
+
 def _items(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if doc["kind"] == "Table":
         return [row["object"] for row in doc["rows"]]
@@ -169,23 +197,17 @@ class Rounds:
 
 
 async def _write_then_list(
-    kcp: KcpInstance,
-    world: Bootstrap,
-    base: str,
-    proxy: aiohttp.ClientSession,
-    direct: aiohttp.ClientSession,
-    *,
-    iterations: int,
+    kcp: KcpInstance, world: Bootstrap, on: Serving, *, iterations: int
 ) -> Rounds:
     """``iterations`` rounds: a write of a widget of this run (create, update, delete; directly
     to kcp or through the slice), then at once a consistent LIST through the slice (objects,
     PartialObjectMetadata, Table in turn), which must show it."""
+    base, proxy, direct, listing = on.base, on.proxy, on.direct, on.listing
     run = uuid.uuid4().hex[:6]
     home = world.consumers[0]
     selector = f"fresh={run}"
     through_slice = f"{slice_url(base, world, 'prod', home.cluster)}/{world.api_path}"
     via = {"kcp": (direct, f"{home.url}/{world.api_path}"), "slice": (proxy, through_slice)}
-    listing = f"{slice_url(base, world, 'prod', '*')}/{world.api_path}/{world.resource}"
     async with proxy.get(listing, params={"resourceVersion": "0"}) as r:
         assert r.status == 200  # the cache synced (or kcp answered while it lists)
     seen = Rounds()
@@ -259,15 +281,8 @@ async def _rounds(
 async def test_a_consistent_list_is_never_older_than_a_completed_write(
     kcp: KcpInstance, world: Bootstrap, observe: Any
 ) -> None:
-    async with (
-        slices_over_kcp(
-            kcp, world, slices={"prod": Selector.parse("env=prod")}, page_size=500, cache=True
-        ) as base,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as proxy,
-        kcp.http_session() as direct,
-        _churn(kcp, world) as made,
-    ):
-        seen = await _write_then_list(kcp, world, base, proxy, direct, iterations=ITERATIONS)
+    async with _serving(kcp, world) as on, _churn(kcp, world) as made:
+        seen = await _write_then_list(kcp, world, on, iterations=ITERATIONS)
     observe(
         f"{ITERATIONS} write-then-list rounds: {seen.served:.0f} from the cache, "
         f"{seen.fallback:.0f} from kcp; other writes meanwhile: {made[0]} configmaps, "
@@ -297,19 +312,10 @@ async def test_under_writes_to_other_resources_only_the_list_is_never_older_than
         return sent[-1]
 
     async with (
-        slices_over_kcp(
-            kcp,
-            world,
-            slices={"prod": Selector.parse("env=prod")},
-            page_size=500,
-            cache=True,
-            upstream=upstream,
-        ) as base,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as proxy,
-        kcp.http_session() as direct,
+        _serving(kcp, world, upstream=upstream) as on,
         _churn(kcp, world, widgets=False, burst=20, pause=1.0) as made,
     ):
-        seen = await _write_then_list(kcp, world, base, proxy, direct, iterations=OTHER_ITERATIONS)
+        seen = await _write_then_list(kcp, world, on, iterations=OTHER_ITERATIONS)
     lists = [q for recording in sent for q in recording.lists(world.resource)]
     observe(
         f"{OTHER_ITERATIONS} write-then-list rounds: {seen.served:.0f} from the cache, "
@@ -341,14 +347,8 @@ async def test_a_read_that_found_kcp_ahead_is_proven_from_the_cache_soon(
     cm_url = f"{ws.url}/api/v1/namespaces/{NAMESPACE}/configmaps"
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "ahead-"}}
     took: list[float] = []
-    async with (
-        slices_over_kcp(
-            kcp, world, slices={"prod": Selector.parse("env=prod")}, page_size=500, cache=True
-        ) as base,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as proxy,
-        kcp.http_session() as direct,
-    ):
-        listing = f"{slice_url(base, world, 'prod', '*')}/{world.api_path}/{world.resource}"
+    async with _serving(kcp, world) as on:
+        base, proxy, direct, listing = on.base, on.proxy, on.direct, on.listing
         async with proxy.get(listing, params={"resourceVersion": "0"}) as r:
             assert r.status == 200
         loop = asyncio.get_running_loop()
@@ -384,14 +384,8 @@ async def test_a_watch_from_a_consistent_list_continues_it(
     home = world.consumers[0]
     url = f"{home.url}/{world.api_path}/namespaces/{NAMESPACE}/{world.resource}"
     paths: list[str] = []
-    async with (
-        slices_over_kcp(
-            kcp, world, slices={"prod": Selector.parse("env=prod")}, page_size=500, cache=True
-        ) as base,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as proxy,
-        kcp.http_session() as direct,
-    ):
-        listing = f"{slice_url(base, world, 'prod', '*')}/{world.api_path}/{world.resource}"
+    async with _serving(kcp, world) as on:
+        base, proxy, direct, listing = on.base, on.proxy, on.direct, on.listing
         for round_ in range(6):
             churn = _churn(kcp, world) if round_ % 2 else contextlib.nullcontext([0, 0])
             async with churn:

@@ -26,6 +26,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.related_rules import MONGO, SECRET_RULES, SECRETS
 from vwserver.cache.entries import Change, Entry, Key, entry
 from vwserver.cache.related_index import History
 from vwserver.cache.views import ClientFilter
@@ -41,22 +42,7 @@ from vwserver.related import (
 )
 from vwserver.selector import Selector
 
-SECRETS = ("", "secrets")
-MONGO = ("mongodbcommunity.mongodb.com", "mongodbcommunity")
-RULES = parse_rules(
-    [
-        {
-            "resource": "secrets",
-            "referencedBy": {
-                "path": "spec.users[*].secret",
-                "group": MONGO[0],
-                "version": "v1",
-                "resource": MONGO[1],
-            },
-        },
-        {"resource": "secrets", "selector": {"matchLabels": {"region": "eu"}}},
-    ]
-)
+RULES = parse_rules(SECRET_RULES)
 NAMESPACES = ("a", "b")
 NAMES = ("s1", "s2", "s3")
 REFERRERS = ("db1", "db2")

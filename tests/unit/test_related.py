@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.related_rules import SECRET_RULES
 from vwserver.errors import ConfigError
 from vwserver.related import (
     ReferenceIndex,
@@ -240,20 +241,7 @@ def test_visible_iff_a_visible_object_references_it_or_the_selector_matches(
     history: list[tuple[ReferrerKey, bool, frozenset[str]]],
     secret_regions: dict[tuple[str, str, str], str],
 ) -> None:
-    rules = parse_rules(
-        [
-            {
-                "resource": "secrets",
-                "referencedBy": {
-                    "path": "spec.users[*].secret",
-                    "group": MONGO[0],
-                    "version": "v1",
-                    "resource": MONGO[1],
-                },
-            },
-            {"resource": "secrets", "selector": {"matchLabels": {"region": "eu"}}},
-        ]
-    )
+    rules = parse_rules(SECRET_RULES)
     index = ReferenceIndex()
     state: dict[ReferrerKey, tuple[bool, frozenset[str]]] = {}
     by_transitions: set[tuple[str, str, str]] = set()  # what a watcher of transitions holds
