@@ -53,6 +53,35 @@ LABEL_DATABASE = "mongodbcommunity.mongodb.com/database"
 FIELD_MANAGER = "demo-mongodb-operator"
 
 
+def database(
+    name: str, namespace: str, *, password: str, labels: Mapping[str, str] | None = None
+) -> JSON:
+    """A MongoDBCommunity of the seed story: one replica, one user ``app`` (auth db ``admin``,
+    readWrite on ``orders``) whose password is in Secret ``password``; its connection-string
+    Secret is ``<name>-admin-app``."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {
+        "apiVersion": API.removeprefix("apis/"),
+        "kind": "MongoDBCommunity",
+        "metadata": metadata,
+        "spec": {
+            "members": 1,
+            "type": "ReplicaSet",
+            "version": "6.0.5",
+            "users": [
+                {
+                    "name": "app",
+                    "db": "admin",
+                    "passwordSecretRef": {"name": password},
+                    "roles": [{"name": "readWrite", "db": "orders"}],
+                }
+            ],
+        },
+    }
+
+
 def mongo_uri(namespace: str, name: str) -> str:
     """The connection string the operator reports (the Service it would create)."""
     return f"mongodb://{name}-svc.{namespace}.svc.cluster.local:27017"

@@ -37,7 +37,7 @@ import pytest_asyncio
 from devenv.demo import DemoLine, shown_path
 from devenv.kcp import KcpInstance
 from devenv.kubeapi import KubeAPIServer, start_kube_apiserver
-from devenv.mongo_operator import mongo_uri
+from devenv.mongo_operator import database, mongo_uri
 from devenv.seed_story import (
     EXPORT,
     NAMESPACE_PREFIX,
@@ -501,24 +501,7 @@ async def test_the_operator_waits_for_the_password_and_writes_the_connection_str
     the connection-string Secret ``<database>-<db>-<user>``, rewritten when the password
     changes, deleted with the database."""
     namespace = f"op-{uuid.uuid4().hex[:6]}"
-    db = {
-        "apiVersion": f"{EXPORT}/v1",
-        "kind": "MongoDBCommunity",
-        "metadata": {"name": "users-db", "namespace": namespace},
-        "spec": {
-            "members": 1,
-            "type": "ReplicaSet",
-            "version": "6.0.5",
-            "users": [
-                {
-                    "name": "app",
-                    "db": "admin",
-                    "passwordSecretRef": {"name": "app-password"},
-                    "roles": [{"name": "readWrite", "db": "orders"}],
-                }
-            ],
-        },
-    }
+    db = database("users-db", namespace, password="app-password")
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
     await downstream_apply(story, ns)
     await downstream_apply(story, db)

@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devenv.bootstrap import poll
 from devenv.kcp import KcpInstance
 from devenv.kubeapi import KubeAPIServer
-from devenv.mongo_operator import API, PLURAL
+from devenv.mongo_operator import API, PLURAL, database
 from devenv.seed_story import NAMESPACE_PREFIX, SLICE, SYNCER, Story, StoryNames, seed_story
 from devenv.slices import KIND
 from tests.e2e.controller_env import API_WS, unique
@@ -143,24 +143,7 @@ class World(RestCalls):
     ) -> None:
         """A database in ``region`` whose one user ``app`` (auth db ``admin``) names the
         Secret ``password``; the operator's connection string is ``<name>-admin-app``."""
-        obj = {
-            "apiVersion": f"{GROUP}/v1",
-            "kind": "MongoDBCommunity",
-            "metadata": {"name": name, "namespace": namespace, "labels": {"region": region}},
-            "spec": {
-                "members": 1,
-                "type": "ReplicaSet",
-                "version": "6.0.5",
-                "users": [
-                    {
-                        "name": "app",
-                        "db": "admin",
-                        "passwordSecretRef": {"name": password},
-                        "roles": [{"name": "readWrite", "db": "orders"}],
-                    }
-                ],
-            },
-        }
+        obj = database(name, namespace, password=password, labels={"region": region})
         await self.create(self.up(role, namespace, PLURAL), obj)
 
     # reads ------------------------------------------------------------------------------------

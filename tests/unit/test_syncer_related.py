@@ -309,6 +309,15 @@ def one(spec: RelatedSpec, inputs: Inputs, ms: list[Member], sc: Scope) -> Relat
     return plan([spec], {spec.name: inputs}, members=ms, scope=sc)
 
 
+def pw_copy(spec: RelatedSpec) -> dict[str, Any]:
+    """The body of the copy down of Secret ``pw``, referenced by primary ``a`` alone."""
+    apply = one(
+        spec, Inputs(sources={"pw": secret("pw")}, copies={}), members(primary("a", "pw")), scope()
+    ).down[0]
+    assert isinstance(apply, CopyApply)
+    return apply.body
+
+
 def test_a_referenced_secret_is_copied_down_with_its_data_and_links(
     specs: tuple[RelatedSpec, ...],
 ) -> None:
@@ -437,18 +446,7 @@ def test_a_copy_nothing_references_is_deleted_but_a_shared_one_stays(
 
 def test_nothing_is_deleted_before_the_caches_have_listed(specs: tuple[RelatedSpec, ...]) -> None:
     password = specs[0]
-    copies = {
-        "pw": stored(
-            one(
-                password,
-                Inputs(sources={"pw": secret("pw")}, copies={}),
-                members(primary("a", "pw")),
-                scope(),
-            )
-            .down[0]
-            .body
-        )
-    }  # type: ignore[union-attr]
+    copies = {"pw": stored(pw_copy(password))}
     result = one(
         password, Inputs(sources={"pw": secret("pw")}, copies=copies), [], scope(may_delete=False)
     )
@@ -457,18 +455,7 @@ def test_nothing_is_deleted_before_the_caches_have_listed(specs: tuple[RelatedSp
 
 def test_a_stub_primary_keeps_every_copy(specs: tuple[RelatedSpec, ...]) -> None:
     password = specs[0]
-    copies = {
-        "pw": stored(
-            one(
-                password,
-                Inputs(sources={"pw": secret("pw")}, copies={}),
-                members(primary("a", "pw")),
-                scope(),
-            )
-            .down[0]
-            .body
-        )
-    }  # type: ignore[union-attr]
+    copies = {"pw": stored(pw_copy(password))}
     unknown = Member(ObjectKey("c1", "default", "big"), "unknown")
     result = one(password, Inputs(sources={"pw": secret("pw")}, copies=copies), [unknown], scope())
     assert result.down == [] and not result.pending
@@ -478,16 +465,7 @@ def test_objects_that_are_not_our_copies_are_never_deleted(
     specs: tuple[RelatedSpec, ...],
 ) -> None:
     password = specs[0]
-    body = (
-        one(
-            password,
-            Inputs(sources={"pw": secret("pw")}, copies={}),
-            members(primary("a", "pw")),
-            scope(),
-        )
-        .down[0]
-        .body
-    )  # type: ignore[union-attr]
+    body = pw_copy(password)
     forged = copy.deepcopy(body)  # our labels, written by a consumer's own field manager
     forged["metadata"]["managedFields"] = [
         {"manager": "kubectl", "fieldsV1": {"f:metadata": {"f:labels": {f"f:{LABEL_SYNCER}": {}}}}}
