@@ -72,6 +72,14 @@ async def _serving(kcp: KcpInstance, world: Bootstrap, **options: Any) -> AsyncI
         yield Serving(base, proxy, direct, listing)
 
 
+def _widget(world: Bootstrap, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{world.group}/{world.version}",
+        "kind": "Widget",
+        "metadata": {"name": name, "labels": labels},
+    }
+
+
 def _items(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if doc["kind"] == "Table":
         return [row["object"] for row in doc["rows"]]
@@ -117,11 +125,7 @@ async def _churn(
     async def other_widgets(session: aiohttp.ClientSession) -> None:
         url = f"{ws.url}/{world.api_path}/namespaces/{NAMESPACE}/{world.resource}"
         name = f"churn-{uuid.uuid4().hex[:6]}"
-        body = {
-            "apiVersion": f"{world.group}/{world.version}",
-            "kind": "Widget",
-            "metadata": {"name": name, "labels": {"env": "dev"}},
-        }
+        body = _widget(world, name, {"env": "dev"})
         async with session.post(url, json=body) as r:
             assert r.status == 201, await r.text()
         try:
@@ -244,11 +248,7 @@ async def _rounds(
         name = f"fresh-{run}-{i // 3}"
         url = f"{prefix}/namespaces/{NAMESPACE}/{world.resource}"
         if op == "create":
-            body = {
-                "apiVersion": f"{world.group}/{world.version}",
-                "kind": "Widget",
-                "metadata": {"name": name, "labels": {"env": "prod", "fresh": run}},
-            }
+            body = _widget(world, name, {"env": "prod", "fresh": run})
             async with session.post(url, json=body) as r:
                 assert r.status == 201, await r.text()
                 written: int | None = _rv(await r.json())
@@ -391,11 +391,7 @@ async def test_a_watch_from_a_consistent_list_continues_it(
             async with churn:
                 names = [f"lw-{run}-{round_}-{n}" for n in range(2)]
                 for name in names:
-                    body = {
-                        "apiVersion": f"{world.group}/{world.version}",
-                        "kind": "Widget",
-                        "metadata": {"name": name, "labels": {"env": "prod", "fresh": run}},
-                    }
+                    body = _widget(world, name, {"env": "prod", "fresh": run})
                     async with direct.post(url, json=body) as r:
                         assert r.status == 201, await r.text()
                 served = await cache_reads(proxy, base, verb="list", outcome="served")
@@ -417,11 +413,7 @@ async def test_a_watch_from_a_consistent_list_continues_it(
                 async with proxy.get(listing, params=watch) as r:
                     assert r.status == 200
                     later = f"lw-{run}-{round_}-later"
-                    body = {
-                        "apiVersion": f"{world.group}/{world.version}",
-                        "kind": "Widget",
-                        "metadata": {"name": later, "labels": {"env": "prod", "fresh": run}},
-                    }
+                    body = _widget(world, later, {"env": "prod", "fresh": run})
                     async with direct.post(url, json=body) as w:
                         assert w.status == 201
                     patch = json.dumps({"spec": {"size": 3}})

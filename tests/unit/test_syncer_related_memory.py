@@ -27,6 +27,7 @@ from tests.support.syncer_fakes import (
     thing,
 )
 from tests.unit.test_syncer_memory import measured
+from tests.unit.test_syncer_related import PASSWORD
 from vwserver.k8s.client import JSON
 from vwserver.syncer.memory import TenantBudget, TenantLedger
 from vwserver.syncer.naming import (
@@ -48,14 +49,6 @@ KiB = 1024
 MiB = 1024 * KiB
 SECRET = 200 * KiB  # each under maxObjectBytes (256 KiB)
 BUDGET = 1 * MiB  # maxClusterBytes in these tests
-PASSWORD = {
-    "name": "password",
-    "origin": "kcp",
-    "version": "v1",
-    "resource": "secrets",
-    "kind": "Secret",
-    "reference": {"path": "spec.users[*].passwordSecretRef.name"},
-}
 
 
 def bed_with_related(tmp_path: Path, **resource: Any) -> ControllerBed:
