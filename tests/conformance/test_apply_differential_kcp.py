@@ -4,20 +4,22 @@ virtual workspace (issue 23 §1).
 Random cases (hypothesis, derandomized): a widget with a history — created by a POST or by an
 apply, then applied to or merge-patched by other field managers, with random labels in and out
 of the slice's selector (``env=prod,tier notin (x)``), annotations, finalizers and spec — is
-made twice, identically, directly in kcp's virtual workspace: the *slice's* object and its
-*twin*. Then one apply configuration (a random subset of labels, annotations, finalizers and
-spec fields, with or without ``metadata.resourceVersion`` — current or stale —, ``force`` true
-or false, field manager A or B, or one that creates the object) is sent to the slice's object
-through the slice and to the twin directly. The twin gets the configuration as the proxy sends
-it: labelled like a create (``env=prod`` added when it states no ``env``:
-:func:`vwserver.proxy.writes._label_for_create`). Then:
+made twice, directly in kcp's virtual workspace: the *slice's* object and its *twin*. (A
+history that keeps the object in the slice may also apply through the slice: the twin then gets
+the same apply directly, labelled as the proxy labels it; the holds the proxy records for its
+finalizers are on the slice's object only.) Then one apply configuration (a random subset of
+labels, annotations, finalizers and spec fields, with or without ``metadata.resourceVersion`` —
+current or stale —, ``force`` true or false, field manager A or B, or one that creates the
+object) is sent to the slice's object through the slice and to the twin directly. The twin gets
+the configuration as the proxy sends it: labelled like a create (``env=prod`` added when it
+states no ``env``: :func:`vwserver.proxy.writes._label_for_create`). Then:
 
 * both answered the same code (and reason): the two objects, read back from kcp, are equal apart
   from what names the object or the moment (name, uid, resourceVersion, creationTimestamp,
-  managedFields times) and the holds annotation the proxy records for a finalizer added through
-  the slice (with its field in managedFields);
-* the slice answered 404: its object was missing or outside the slice before; 422 "out of the
-  slice": the configuration states labels the selector refuses, so kcp's result — when kcp
+  managedFields times) and the proxy's record of the holds of finalizers added through the
+  slice (the holds annotation, the holder labels, their fields in managedFields);
+* the slice answered 404: its object was missing or outside the slice before; 422 (the
+  slice's own refusal): the configuration states labels the selector refuses, so kcp's result — when kcp
   applied it — is outside the slice; either way the slice's object is unchanged;
 * never: the slice answered 2xx and its object is outside the slice.
 
@@ -142,7 +144,7 @@ def _metadata(
 class Step:
     """One write of an object's history, made to both objects directly in kcp."""
 
-    kind: str  # create | apply | merge
+    kind: str  # create | apply | merge | slice (an apply through the slice)
     manager: str
     meta: dict[str, Any]
     spec: dict[str, Any]
@@ -174,8 +176,11 @@ def _steps(draw: st.DrawFn) -> tuple[Step, ...]:
     manager = "creator" if first == "create" else draw(st.sampled_from(MANAGERS))
     spec = draw(_SPEC.filter(lambda s: s.get("size") != -1))
     steps = [Step(first, manager, draw(_metadata(labels=stored_labels)), spec)]
+    # Applies through the slice only while the object stays in it (the twin's history would
+    # be another one where the slice refuses).
+    kinds = ["apply", "merge", "slice"] if stored_labels is _IN_SLICE else ["apply", "merge"]
     for _ in range(draw(st.integers(0, 2))):
-        kind = draw(st.sampled_from(["apply", "merge"]))
+        kind = draw(st.sampled_from(kinds))
         manager = "editor" if kind == "merge" else draw(st.sampled_from(MANAGERS))
         spec = draw(_SPEC.filter(lambda s: s.get("size") != -1))
         steps.append(Step(kind, manager, draw(_metadata(labels=stored_labels)), spec))
@@ -239,7 +244,9 @@ async def apply_world(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[World
     await make_namespace(kcp, [consumer], namespace)
     async with contextlib.AsyncExitStack() as stack:
         kube = await stack.enter_async_context(KubeClient(auth=auth))
-        registry = CacheRegistry(client=kube, clock=SystemClock())
+        # Writes read the shared cache but do not keep it running: after the LIST below it
+        # stays for the whole run only if its idle period outlasts the run.
+        registry = CacheRegistry(client=kube, clock=SystemClock(), idle_seconds=7200)
         stack.push_async_callback(registry.aclose)
         base = await stack.enter_async_context(
             slices_over_kcp(
@@ -286,8 +293,13 @@ async def _release_all(w: World) -> None:
         items = (await resp.json()).get("items", [])
     for item in items:
         if item["metadata"].get("finalizers"):
-            await _call(w.admin, "PATCH", f"{w.direct}/{item['metadata']['name']}",
-                        {"metadata": {"finalizers": None}}, content_type=MERGE)  # fmt: skip
+            await _call(
+                w.admin,
+                "PATCH",
+                f"{w.direct}/{item['metadata']['name']}",
+                {"metadata": {"finalizers": None}},
+                content_type=MERGE,
+            )
 
 
 async def _call(
@@ -317,19 +329,36 @@ def _apply_params(manager: str, *, force: bool) -> dict[str, str]:
     return params
 
 
-async def _write_step(w: World, name: str, step: Step) -> tuple[int, Any]:
+async def _write_step(w: World, name: str, step: Step, *, mine: bool) -> tuple[int, Any]:
+    """``step`` made to the slice's object (``mine``) or to the twin: directly in kcp, but for
+    a ``slice`` step, which is an apply through the slice for the slice's object (recording
+    holds for its finalizers) and the same apply, labelled as the proxy labels it, for the
+    twin."""
     meta = {**copy.deepcopy(step.meta), "name": name}
     body: dict[str, Any] = {**HEAD, "metadata": meta, "spec": step.spec}
     if step.kind == "create":
         return await _call(w.admin, "POST", w.direct, body, params={"fieldManager": step.manager})
-    if step.kind == "apply":
-        params = _apply_params(step.manager, force=True)
-        return await _call(w.admin, "PATCH", f"{w.direct}/{name}", body, content_type=APPLY,
-                           params=params)  # fmt: skip
+    params = _apply_params(step.manager, force=True)
+    if step.kind == "slice" and mine:
+        return await _call(
+            w.client, "PATCH", f"{w.through}/{name}", body, content_type=APPLY, params=params
+        )
+    if step.kind == "slice":
+        body["metadata"] = _labelled(meta)
+    if step.kind in ("apply", "slice"):
+        return await _call(
+            w.admin, "PATCH", f"{w.direct}/{name}", body, content_type=APPLY, params=params
+        )
     del meta["name"]
     patch = {"metadata": meta, "spec": step.spec}
-    return await _call(w.admin, "PATCH", f"{w.direct}/{name}", patch, content_type=MERGE,
-                       params={"fieldManager": step.manager})  # fmt: skip
+    return await _call(
+        w.admin,
+        "PATCH",
+        f"{w.direct}/{name}",
+        patch,
+        content_type=MERGE,
+        params={"fieldManager": step.manager},
+    )
 
 
 def _labelled(meta: dict[str, Any]) -> dict[str, Any]:
@@ -473,7 +502,7 @@ async def _run_case(w: World, index: int, case: Case, outcome: Outcome) -> None:
     where = f"case {index}: {case!r}"
     versions: dict[str, list[str]] = {mine: [], twin: []}
     for step in case.history:
-        answers = [await _write_step(w, name, step) for name in (mine, twin)]
+        answers = [await _write_step(w, name, step, mine=name == mine) for name in (mine, twin)]
         if answers[0][0] != answers[1][0]:
             outcome.failures.append(f"history differs: {answers}; {where}")
             return
@@ -488,12 +517,14 @@ async def _run_case(w: World, index: int, case: Case, outcome: Outcome) -> None:
     through = _config(case, mine, versions[mine], labelled=False)
     params = _apply_params(case.apply.manager, force=case.apply.force)
     start = len(w.recorder.sent)
-    status, doc = await _call(w.client, "PATCH", f"{w.through}/{mine}", through, content_type=APPLY,
-                              params=params)  # fmt: skip
+    status, doc = await _call(
+        w.client, "PATCH", f"{w.through}/{mine}", through, content_type=APPLY, params=params
+    )
     sent = [s for s in w.recorder.sent[start:] if s.path.endswith(f"/widgets/{mine}")]
     direct = _config(case, twin, versions[twin], labelled=True)
-    kcp_status, kcp_doc = await _call(w.admin, "PATCH", f"{w.direct}/{twin}", direct,
-                                      content_type=APPLY, params=params)  # fmt: skip
+    kcp_status, kcp_doc = await _call(
+        w.admin, "PATCH", f"{w.direct}/{twin}", direct, content_type=APPLY, params=params
+    )
     after, twin_after = await _get(w, mine), await _get(w, twin)
     where += f" slice {status} {doc!r} kcp {kcp_status} {kcp_doc!r}"
 
