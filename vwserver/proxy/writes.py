@@ -59,6 +59,7 @@ write's answer outside it is not forwarded — the write was carried out, so the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -336,8 +337,11 @@ async def _patch_with_dry_run(
         ):
             runs = (False,)
         lost = False
+        write_query: Sequence[tuple[str, str]] = query
         for dry_run in runs:
-            run_query = [*query, ("dryRun", "All")] if dry_run and not client_dry_run else query
+            run_query = (
+                [*query, ("dryRun", "All")] if dry_run and not client_dry_run else write_query
+            )
             async with ctx.upstream.request(
                 "PATCH", ctx.upstream_url, query=run_query, headers=headers, data=data
             ) as up:
@@ -362,6 +366,8 @@ async def _patch_with_dry_run(
             data = _encoder.encode(
                 holding.with_holds(send, plan, content_type=content_type, result=body)
             )
+            if content_type == APPLY_PATCH:
+                write_query = write_plan.apply_write_query(query, plan)
             if client_dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
         if not lost:  # pragma: no cover - every path through the inner loop returns or breaks
