@@ -38,9 +38,11 @@ the rest of the stored object): one conditional write. Server-side apply (field 
 kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
 ``dryRun=All`` under the same precondition; if the result would be outside the slice the client
 gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
-saw, or fails with 409. An apply whose result stays in the slice whatever field ownership
-decides — its labels bound between the configuration's and the stored ones overridden by them,
-no finalizer, hold or holder label stored or configured
+saw, or fails with 409 (an apply's write that changes the holds the proxy records is forced:
+the dry run showed the client's fields free of conflicts,
+:func:`vwserver.proxy.write_plan.apply_write_query`). An apply whose result stays in the slice
+whatever field ownership decides — its labels bound between the configuration's and the stored
+ones overridden by them, no finalizer, hold or holder label stored or configured
 (:func:`vwserver.proxy.write_plan.apply_result_decided`) — is the one conditional write. With
 ``mutatingAdmission`` (the provider's workspace runs mutating admission, which kcp applies after
 the patch: :data:`vwserver.proxy.patches.ADMISSION`) merge and JSON patches take the dry-run path
