@@ -30,8 +30,8 @@ its own client): an apply :func:`vwserver.proxy.write_plan.apply_result_decided`
 must cost exactly one upstream write (no dry run; a GET more only after a 409, to tell a field
 conflict from a lost race); the others take the dry run. The split is printed.
 
-Size: ``VWSERVER_APPLY_EXAMPLES`` cases, default 300 (about 45 s against a running kcp); the
-full length is 3000.
+Size: ``VWSERVER_APPLY_EXAMPLES`` cases, default 300 (about 50 s against a running kcp); the
+full length is 3000 (about 4 minutes).
 
 Facts seen on kcp v0.32.3 (this module's runs; each holds alike through the slice and directly):
 
@@ -46,7 +46,10 @@ Facts seen on kcp v0.32.3 (this module's runs; each holds alike through the slic
   manager's ``Update`` operation, and later applies of that manager split its fields between an
   ``Apply`` and an ``Update`` entry: seen directly just as through the slice, so it is kcp's
   (the note of ``test_back_to_back_applies_cost_one_request_each``: a second apply changing
-  those fields conflicts with its own manager unless forced).
+  those fields conflicts with its own manager unless forced). The holds annotation the proxy
+  adds to an apply is among them: the applier's next apply that changed it conflicted with the
+  applier itself (found here at full length, :data:`_HOLDS_OWNED_BY_UPDATE`; the proxy now
+  forces that write, :func:`vwserver.proxy.write_plan.apply_write_query`).
 * managedFields entries are ordered by operation, then time (to the second), then manager: two
   objects with the same history may differ in that order only.
 """
