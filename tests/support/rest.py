@@ -20,13 +20,21 @@ class RestCalls:
         return self.session
 
     async def call(
-        self, method: str, url: str, body: Any = None, *, ctype: str = "application/json"
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        ctype: str = "application/json",
+        params: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """The status and the decoded body (JSON objects decoded, anything else as text)."""
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": ctype} if body is not None else {}
         session = self.session_for(url)
-        async with session.request(method, url, data=data, headers=headers) as resp:
+        async with session.request(
+            method, url, data=data, headers=headers, params=params or {}
+        ) as resp:
             text = await resp.text()
             return resp.status, (json.loads(text) if text.startswith("{") else text)
 

@@ -19,6 +19,7 @@ from vwserver.holds import (
     HOLDS_ANNOTATION,
     RELEASE_ANNOTATION,
     Member,
+    WritePlan,
     holder_label,
     label_pointer,
     slice_id,
@@ -34,6 +35,7 @@ from vwserver.proxy.write_plan import (
     Leaving,
     Send,
     apply_result_decided,
+    apply_write_query,
     plan_delete,
     plan_patch,
     plan_status_patch,
@@ -575,3 +577,51 @@ def test_an_apply_needs_no_dry_run_only_when_its_result_is_decided(
     if route is not None:
         t = Target(t.api, route=route, member=Member(selector=route.selector, id=SID))
     assert apply_result_decided(t, apply, stored(**stored_kw)) is decided
+
+
+# An apply's write after its dry run: forced only when it changes the proxy's bookkeeping (the
+# dry run, under the same resourceVersion, showed the client's own fields free of conflicts;
+# kcp's VW may record the holds annotation under the applier's Update operation, so changing
+# it conflicts with the applier itself: test_apply_differential_kcp).
+_MANAGER = (("fieldManager", "a"),)
+APPLY_WRITE_QUERIES = [
+    ("no bookkeeping changed", _MANAGER, WritePlan(annotation=None, changed=False), _MANAGER),
+    (
+        "the holds annotation changes",
+        _MANAGER,
+        WritePlan(annotation="{}", changed=True),
+        (*_MANAGER, ("force", "true")),
+    ),
+    (
+        "a holder label changes",
+        _MANAGER,
+        WritePlan(annotation="{}", changed=False, labels={"holder.x/y": "true"}),
+        (*_MANAGER, ("force", "true")),
+    ),
+    (
+        "the client's force=false is overridden for the bookkeeping alone",
+        (*_MANAGER, ("force", "false")),
+        WritePlan(annotation=None, changed=True),
+        (*_MANAGER, ("force", "true")),
+    ),
+    (
+        "the client's own force is kept when nothing changes",
+        (*_MANAGER, ("force", "false")),
+        WritePlan(annotation="{}", changed=False),
+        (*_MANAGER, ("force", "false")),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "query", "plan", "expected"),
+    APPLY_WRITE_QUERIES,
+    ids=[c[0] for c in APPLY_WRITE_QUERIES],
+)
+def test_an_apply_s_write_is_forced_only_for_the_proxy_s_bookkeeping(
+    case: str,
+    query: tuple[tuple[str, str], ...],
+    plan: WritePlan,
+    expected: tuple[tuple[str, str], ...],
+) -> None:
+    assert apply_write_query(query, plan) == list(expected)

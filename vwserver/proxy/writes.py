@@ -38,9 +38,11 @@ the rest of the stored object): one conditional write. Server-side apply (field 
 kcp's schema and managedFields) and strategic merge keep a dry run: first sent with
 ``dryRun=All`` under the same precondition; if the result would be outside the slice the client
 gets 422 and nothing was written; the real patch then applies to exactly the object the dry run
-saw, or fails with 409. An apply whose result stays in the slice whatever field ownership
-decides — its labels bound between the configuration's and the stored ones overridden by them,
-no finalizer, hold or holder label stored or configured
+saw, or fails with 409 (an apply's write that changes the holds the proxy records is forced:
+the dry run showed the client's fields free of conflicts,
+:func:`vwserver.proxy.write_plan.apply_write_query`). An apply whose result stays in the slice
+whatever field ownership decides — its labels bound between the configuration's and the stored
+ones overridden by them, no finalizer, hold or holder label stored or configured
 (:func:`vwserver.proxy.write_plan.apply_result_decided`) — is the one conditional write. With
 ``mutatingAdmission`` (the provider's workspace runs mutating admission, which kcp applies after
 the patch: :data:`vwserver.proxy.patches.ADMISSION`) merge and JSON patches take the dry-run path
@@ -59,6 +61,7 @@ write's answer outside it is not forwarded — the write was carried out, so the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -336,8 +339,11 @@ async def _patch_with_dry_run(
         ):
             runs = (False,)
         lost = False
+        write_query: Sequence[tuple[str, str]] = query
         for dry_run in runs:
-            run_query = [*query, ("dryRun", "All")] if dry_run and not client_dry_run else query
+            run_query = (
+                [*query, ("dryRun", "All")] if dry_run and not client_dry_run else write_query
+            )
             async with ctx.upstream.request(
                 "PATCH", ctx.upstream_url, query=run_query, headers=headers, data=data
             ) as up:
@@ -362,6 +368,8 @@ async def _patch_with_dry_run(
             data = _encoder.encode(
                 holding.with_holds(send, plan, content_type=content_type, result=body)
             )
+            if content_type == APPLY_PATCH:
+                write_query = write_plan.apply_write_query(query, plan)
             if client_dry_run:
                 return web.Response(status=status, body=body, headers=response_head)
         if not lost:  # pragma: no cover - every path through the inner loop returns or breaks
