@@ -57,13 +57,14 @@ import bisect
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Final
 
+import aiohttp
 import msgspec
-from aiohttp import web
+from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
 
 from vwserver import metrics as m
@@ -75,11 +76,16 @@ from vwserver.proxy import yamlout
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
+    Envelope,
+    LabelMatcher,
+    ListSplitter,
     Page,
     UndecodableError,
     decode_page,
     list_fields,
     list_header,
+    streamed_closing,
+    streamed_opening,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -339,6 +345,8 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     limit = int(options.get("limit") or 0)
     if rv == "0" and match != "Exact" and not resume:
         limit = 0  # the apiserver ignores a limit at resourceVersion=0: the whole list
+    if not limit and not ctx.records_holds and not ctx.representation.yaml:
+        return await _serve_streamed(ctx, headers)
     extra: list[tuple[str, str]] = []
     if not limit:
         extra.append(("limit", str(ctx.page_size)))
@@ -404,6 +412,110 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         return response
     await response.write_eof(writer.end())  # the list's end and the chunked end: one write
     return response
+
+
+async def _serve_streamed(ctx: ProxyRequest, headers: CIMultiDict[str]) -> web.StreamResponse:
+    """An unpaged LIST of a slice that records no holds, in JSON: one upstream request
+    without a limit — kcp's cost of the whole list once, not once per page — whose answer is
+    checked and written batch by batch as it arrives (:class:`ListSplitter`: what the proxy
+    holds is a batch, the socket's flow control holds back the rest). kcp pages no answer it
+    was not asked to; if the upstream does, its continue tokens are followed the same way.
+    The response starts with its first bytes: an upstream failure before then is the
+    client's error Status, after it the connection is aborted."""
+    query = ctx.upstream_query(drop=("continue", "limit"))
+    selected, member = ctx.effective_selector(), ctx.member
+    matcher = LabelMatcher(selected)
+    response: web.StreamResponse | None = None
+    writer: _ListWriter | None = None
+    head: Envelope | None = None
+    prepared = False
+    url, asked = ctx.upstream_url, query
+    token = ""
+    try:
+        while True:
+            opened = (
+                _opened(ctx, query, headers)
+                if response is None
+                else _later(ctx, url, [*asked, ("continue", token)], headers)
+            )
+            async with opened as (url, asked, up):
+                if up.status != 200:
+                    if response is None:
+                        return await relay_whole(up)
+                    raise BadGateway(f"upstream answered {up.status} for a later list page")
+                if response is None:
+                    response = _StreamedList(status=200, headers=response_headers(up))
+                splitter = ListSplitter(table=ctx.table, scope=ctx.scope)
+                content = up.content
+                shown: Sequence[bytes | msgspec.Raw | memoryview]
+                while True:
+                    try:
+                        chunk = await content.readany()
+                    except aiohttp.ClientPayloadError as e:
+                        raise BadGateway(f"upstream list answer broke off: {e}") from e
+                    if chunk:
+                        batch = splitter.feed(chunk)
+                        if batch is None:
+                            continue
+                        shown, outside = batch.visible(matcher, member)
+                    else:
+                        page = splitter.finish()
+                        shown = page.visible(selected, member)
+                        outside = page.out_of_scope
+                    ctx.out_of_scope(outside)
+                    if writer is None:
+                        head = splitter.head
+                        assert head is not None
+                        writer = _ListWriter.framed(
+                            streamed_opening(head, table=ctx.table),
+                            strip_objects=ctx.strip_objects,
+                        )
+                    data = writer.entries(shown)
+                    if data:
+                        if not prepared:
+                            prepared = True
+                            if not await prepare_list(ctx.request, response):
+                                return response
+                        await response.write(data)
+                    if not chunk:
+                        break
+            token = page.continue_token
+            if not token:
+                break
+    except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
+        if not prepared:  # nothing went out: the client gets the error
+            if isinstance(e, UndecodableError):
+                raise BadGateway(f"upstream sent an undecodable list: {e}") from e
+            raise
+        kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
+        ctx.metrics.upstream_errors.labels(kind).inc()
+        log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
+        _abort(ctx.request)
+        assert response is not None
+        return response
+    assert response is not None
+    assert writer is not None
+    assert head is not None
+    if not prepared and not await prepare_list(ctx.request, response):
+        return response
+    await response.write_eof(writer.end(streamed_closing(head, page)))
+    return response
+
+
+class _StreamedList(web.StreamResponse):
+    """A streamed list response whose headers go out with its first bytes (one write, not
+    two; aiohttp's own ``web.Response`` does so)."""
+
+    _send_headers_immediately = False
+
+
+@contextlib.asynccontextmanager
+async def _later(
+    ctx: ProxyRequest, url: str, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> AsyncIterator[tuple[str, list[tuple[str, str]], ClientResponse]]:
+    """A later request of a list, as :func:`_opened` yields the first."""
+    async with ctx.upstream.request("GET", url, query=query, headers=headers) as up:
+        yield url, [(k, v) for k, v in query if k != "continue"], up
 
 
 def _relabel(query: list[tuple[str, str]], labels: str) -> list[tuple[str, str]]:
@@ -585,12 +697,25 @@ class _ListWriter:
         self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
         self._empty = yamlout.empty_list_parts(fields, entries_key=key)
 
-    def entries(self, visible: Sequence[bytes | msgspec.Raw], *, last: bool = False) -> bytes:
+    @classmethod
+    def framed(cls, opening: bytes, *, strip_objects: bool) -> _ListWriter:
+        """A JSON writer whose opening is ``opening`` and whose end is given to :meth:`end`
+        (a list written as its upstream answer streams in: :func:`streamed_opening`)."""
+        writer = cls.__new__(cls)
+        writer._first, writer._yaml, writer._strip = True, False, strip_objects
+        writer._head, writer._tail = opening, LIST_FOOTER
+        return writer
+
+    def entries(
+        self, visible: Sequence[bytes | msgspec.Raw | memoryview], *, last: bool = False
+    ) -> bytes:
         """The bytes of ``visible`` in the response (after the opening, for the first entries),
-        and with ``last`` the list's end after them — copied once, in one join."""
+        and with ``last`` the list's end after them — copied once, in one join. An element may
+        be a run of entries already joined with ``,`` (:meth:`~vwserver.proxy.filtering.Batch.
+        visible`)."""
         if not visible:
             return self.end() if last else b""
-        parts: list[bytes | msgspec.Raw] = (
+        parts: list[bytes | msgspec.Raw | memoryview] = (
             [strip_row_object(r) for r in visible] if self._strip else list(visible)
         )
         if self._yaml:
@@ -603,16 +728,22 @@ class _ListWriter:
             return b"".join(parts)
         # Joined with "," in one pass: the opening (or the separator from the page before)
         # goes before the first entry, the end after the last.
-        parts[0] = b"".join((self._head if self._first else b",", parts[0]))
+        before = self._head if self._first else b","
+        if len(parts) == 1 and not last:
+            self._first = False
+            return b"".join((before, parts[0]))
+        parts[0] = b"".join((before, parts[0]))
         if last:
             parts[-1] = b"".join((parts[-1], self._tail))
         self._first = False
         return b",".join(parts)
 
-    def end(self) -> bytes:
+    def end(self, tail: bytes | None = None) -> bytes:
+        """The list's end (``tail``: instead of the one it was made with)."""
+        tail = self._tail if tail is None else tail
         if self._first:  # no entry at all
-            return self._empty if self._yaml else self._head + self._tail
-        return self._tail
+            return self._empty if self._yaml else self._head + tail
+        return tail
 
 
 def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
@@ -637,6 +768,20 @@ async def _first_page(
     on a workspace alike). The apiserver narrows such a list to the namespace itself
     (``genericregistry.Store.ListPredicate``), so the answers are the same; a resource that has
     no namespaced collection (404: cluster-scoped) is asked as the client asked."""
+    async with _opened(ctx, query, headers) as (url, asked, up):
+        if up.status != 200:
+            return await relay_whole(up)
+        page = _decode(ctx, await read_body(up))
+        return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
+
+
+@contextlib.asynccontextmanager
+async def _opened(
+    ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> AsyncIterator[tuple[str, list[tuple[str, str]], ClientResponse]]:
+    """The upstream's answer to a LIST's first request, and the URL and query it was asked
+    with — of the namespace a field selector names, if the upstream has such a collection
+    (:func:`_first_page`)."""
     targets = [(ctx.upstream_url, query)]
     narrowed = single_namespace(ctx.options.get("fieldSelector") or "")
     if narrowed is not None and not ctx.api.namespace and ctx.path.cluster != "*":
@@ -649,11 +794,9 @@ async def _first_page(
         async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
             if up.status == 404 and attempt < len(targets):
                 continue
-            if up.status != 200:
-                return await relay_whole(up)
-            page = _decode(ctx, await read_body(up))
-            return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
-    raise AssertionError("the last target's answer is returned")
+            yield url, asked, up
+            return
+    raise AssertionError("the last target's answer is yielded")
 
 
 _NAMESPACE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
