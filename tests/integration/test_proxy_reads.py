@@ -107,6 +107,17 @@ async def test_client_paging_is_honoured(env: Env) -> None:
     assert sorted(seen) == ["c1/w0", "c1/w2", "c1/w4", "c2/w0", "c2/w2", "c2/w4"]
 
 
+async def test_continue_without_a_limit_is_the_rest_of_the_list(env: Env) -> None:
+    url = env.widgets(cluster="*", ns=None)
+    status, doc = await env.get_json(url, params={"limit": "2"})
+    assert status == 200
+    first = names(doc)
+    status, doc = await env.get_json(url, params={"continue": doc["metadata"]["continue"]})
+    assert status == 200
+    assert first + names(doc) == ["c1/w0", "c1/w2", "c1/w4", "c2/w0", "c2/w2", "c2/w4"]
+    assert "continue" not in doc["metadata"]
+
+
 async def test_client_selector_is_combined(env: Env) -> None:
     status, doc = await env.get_json(
         env.widgets(cluster="*", ns=None), params={"labelSelector": "region=us"}

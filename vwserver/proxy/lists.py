@@ -38,14 +38,29 @@ limit, then — only when entries the slice does not see (an object another slic
 of, a stray holder label) leave it short — further pages of at least ``listPageSize``; once the
 page holds an entry, :data:`FILL_ROUNDS` reads in all plus the second stream's first page (then
 a short page with a token, which the list contract allows), and the one re-read:
-:data:`MAX_UPSTREAM_PAGES`. A client that
-pages nothing is served by paging each stream — ``listPageSize`` first, then pages that double,
-bounded in objects and bytes (:func:`next_page_size`: kcp's cost grows with the number of
-pages) — and writing the merged entries as they come (memory: two pages per stream).
+:data:`MAX_UPSTREAM_PAGES`.
 
-Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
-went out, the connection is aborted rather than closed cleanly, so the client sees a broken
-response, never a short list that looks complete.
+A client that pages nothing costs kcp one LIST of the whole selection, as a direct call does:
+every page is a LIST of its own for kcp, whose cost grows with the number of pages (at 100,000
+objects, paging at 500 cost kcp 4 times its unpaged LIST). For a slice that records no holds
+(one stream) in JSON, kcp is asked without a limit and its answer is checked and written as it
+streams in (:func:`_serve_streamed`, :class:`~vwserver.proxy.filtering.ListSplitter`): batches
+of :data:`~vwserver.proxy.filtering.STREAM_BATCH` bytes, split where msgspec finds an entry's
+end, each entry decided from the fields the decision reads (labels matched once per distinct
+set, the whole metadata of held objects only) — memory: a batch, whatever the list's size (the
+socket's flow control holds back the rest). The list's fields are written where kcp put them
+(an unstructured list's keys are sorted: ``items`` before ``kind`` and ``metadata``); the
+resourceVersion is kcp's. Two streams to merge in key order (a slice that records holds), and
+YAML, are served by paging each stream — ``listPageSize`` first (a fallback from the cache: what
+holds the cached collection, :func:`first_page_size`), then pages that double, bounded in
+objects and bytes (:func:`next_page_size`) — and writing the merged entries as they come
+(memory: two pages per stream).
+
+Items are forwarded as the bytes the upstream sent (when every entry of a batch is shown, the
+batch's bytes as they came). If the upstream fails after the first bytes went out, the
+connection is aborted rather than closed cleanly, so the client sees a broken response, never a
+short list that looks complete; before that (a streamed list starts with its first entry), the
+client gets the error Status.
 """
 
 from __future__ import annotations
@@ -346,7 +361,7 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     if rv == "0" and match != "Exact" and not resume:
         limit = 0  # the apiserver ignores a limit at resourceVersion=0: the whole list
     if not limit and not ctx.records_holds and not ctx.representation.yaml:
-        return await _serve_streamed(ctx, headers)
+        return await _serve_streamed(ctx, headers, resume=resume)
     extra: list[tuple[str, str]] = []
     if not limit:
         extra.append(("limit", str(ctx.page_size)))
@@ -414,7 +429,9 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     return response
 
 
-async def _serve_streamed(ctx: ProxyRequest, headers: CIMultiDict[str]) -> web.StreamResponse:
+async def _serve_streamed(
+    ctx: ProxyRequest, headers: CIMultiDict[str], *, resume: Resume | None
+) -> web.StreamResponse:
     """An unpaged LIST of a slice that records no holds, in JSON: one upstream request
     without a limit — kcp's cost of the whole list once, not once per page — whose answer is
     checked and written batch by batch as it arrives (:class:`ListSplitter`: what the proxy
@@ -423,6 +440,8 @@ async def _serve_streamed(ctx: ProxyRequest, headers: CIMultiDict[str]) -> web.S
     The response starts with its first bytes: an upstream failure before then is the
     client's error Status, after it the connection is aborted."""
     query = ctx.upstream_query(drop=("continue", "limit"))
+    if resume is not None:  # the rest of a list, from the client's continue token
+        query.append(("continue", resume.token))
     selected, member = ctx.effective_selector(), ctx.member
     matcher = LabelMatcher(selected)
     response: web.StreamResponse | None = None
