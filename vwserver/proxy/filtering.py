@@ -3,7 +3,11 @@
 The proxy pushes every selector down to the upstream *and* checks every object itself: the
 upstream's filtering is an optimisation, this module is the guarantee. Objects are
 decoded only as far as their head (apiVersion, kind, metadata) with msgspec, and matching objects
-are forwarded as their original bytes, so each object is parsed once and never re-encoded.
+are forwarded as their original bytes, so each object is parsed once and never re-encoded. A
+list streamed through (:class:`ListSplitter`) is decoded only as far as its check reads (labels
+as their bytes, matched once per distinct set; the holds and cluster annotations; name and
+namespace where the scope needs them), the whole metadata of held objects only
+(:meth:`Batch.visible`, property-tested against :meth:`Page.visible`).
 
 **The representation is never guessed.** Where an object's metadata is depends on the shape the
 request negotiated (:mod:`vwserver.proxy.negotiation`): a plain list's item *is* the object, a
@@ -574,7 +578,7 @@ class Batch:
 
 class ListSplitter:
     """One upstream list answer decoded as its bytes arrive: the entries every
-    :data:`STREAM_BATCH` bytes complete, as pages (:class:`Page`, the same checks as
+    :data:`STREAM_BATCH` bytes complete, as batches (:class:`Batch`; their checks are
     :func:`decode_page`'s), so that a whole collection is one upstream request while the proxy
     holds a batch of it, not the answer.
 
@@ -582,13 +586,14 @@ class ListSplitter:
     the first ``"items":[`` (``"rows":[`` of a Table) whose text before it decodes as the
     list's opening (``that + "[]}"``: a match inside a string or a nested value leaves that
     text unterminated or unbalanced, which does not decode). A batch ends at the last ``},{``
-    of the bytes gathered whose text before it decodes as a JSON array of whole entries (``"["
-    + that + "]"``): a prefix of valid JSON that decodes as an array of complete values ends
-    where an entry ends, and a ``},{`` inside an entry (a nested array of objects, a string)
-    leaves it unterminated. ``{"`` never occurs in a JSON string (the quote would end it), nor
-    therefore does a ``},{"`` that is not the text's own. kcp writes no whitespace between
-    entries; an answer whose entries cannot be split so (or whose array is not found) is
-    decoded whole at its end, as :func:`decode_page` does.
+    of the bytes gathered whose text before it decodes as a JSON array (``"[" + that + "]"``;
+    :data:`_MAX_CUTS` candidates at most, else it waits for more bytes): a prefix of the answer
+    that decodes as an array of complete values ends where an entry ends, and a ``},{`` inside
+    an entry (between the objects of a nested array, in a string) leaves it unterminated. A
+    value of the wrong type there is the answer's own (the ``]`` only closes arrays of its
+    values): undecodable at once. kcp writes no whitespace between entries; an answer whose
+    entries cannot be split so (or whose array is not found) is decoded whole at its end, as
+    :func:`decode_page` does.
 
     The list's other fields may come before or after the entries (an unstructured list — a
     custom resource's — has its keys sorted: ``apiVersion``, ``items``, ``kind``,

@@ -455,7 +455,7 @@ async def _serve_streamed(
             opened = (
                 _opened(ctx, query, headers)
                 if response is None
-                else _later(ctx, url, [*asked, ("continue", token)], headers)
+                else _later(ctx, url, asked, headers, token=token)
             )
             async with opened as (url, asked, up):
                 if up.status != 200:
@@ -530,11 +530,18 @@ class _StreamedList(web.StreamResponse):
 
 @contextlib.asynccontextmanager
 async def _later(
-    ctx: ProxyRequest, url: str, query: list[tuple[str, str]], headers: CIMultiDict[str]
+    ctx: ProxyRequest,
+    url: str,
+    query: list[tuple[str, str]],
+    headers: CIMultiDict[str],
+    *,
+    token: str,
 ) -> AsyncIterator[tuple[str, list[tuple[str, str]], ClientResponse]]:
-    """A later request of a list, as :func:`_opened` yields the first."""
-    async with ctx.upstream.request("GET", url, query=query, headers=headers) as up:
-        yield url, [(k, v) for k, v in query if k != "continue"], up
+    """The request of a list after the one asked with ``query``, from continue token
+    ``token``, as :func:`_opened` yields the first."""
+    asked = [*((k, v) for k, v in query if k != "continue"), ("continue", token)]
+    async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
+        yield url, asked, up
 
 
 def _relabel(query: list[tuple[str, str]], labels: str) -> list[tuple[str, str]]:
