@@ -75,12 +75,18 @@ def _body(items: list[dict[str, Any]], *, table: bool, typed: bool, rv: str) -> 
     return json.dumps(doc, separators=(",", ":"), sort_keys=not typed).encode()
 
 
-def _split(body: bytes, cuts: list[int], *, table: bool, size: int, scope: Scope) -> list[Page]:
+def _split(
+    body: bytes, cuts: list[int], *, table: bool, size: int, scope: Scope, rest: bool
+) -> list[Page]:
     splitter = ListSplitter(table=table, scope=scope, batch=size)
     pages: list[Page] = []
     points = sorted({c % (len(body) + 1) for c in cuts} | {0, len(body)})
     for start, end in itertools.pairwise(points):
         batch = splitter.feed(body[start:end])
+        if batch is not None:
+            pages.append(batch.page())
+    if rest:
+        batch = splitter.rest()
         if batch is not None:
             pages.append(batch.page())
     pages.append(splitter.finish())
@@ -95,6 +101,7 @@ def _split(body: bytes, cuts: list[int], *, table: bool, size: int, scope: Scope
     cuts=st.lists(st.integers(0, 10_000), max_size=8),
     batch=st.sampled_from([1, 7, 64, 10_000]),
     scope=st.sampled_from([ANYWHERE, Scope(cluster="c1"), Scope(namespace="ns1")]),
+    rest=st.booleans(),
 )
 def test_split_answer_decodes_as_the_whole(
     items: list[dict[str, Any]],
@@ -103,10 +110,11 @@ def test_split_answer_decodes_as_the_whole(
     cuts: list[int],
     batch: int,
     scope: Scope,
+    rest: bool,
 ) -> None:
     body = _body(items, table=table, typed=typed, rv="42")
     whole = decode_page(body, table=table, scope=scope)
-    pages = _split(body, cuts, table=table, size=batch, scope=scope)
+    pages = _split(body, cuts, table=table, size=batch, scope=scope, rest=rest)
     last = pages[-1]
     assert [bytes(e) for p in pages for e in p.entries] == [bytes(e) for e in whole.entries]
     assert [m for p in pages for m in p.metas] == whole.metas
@@ -142,6 +150,10 @@ def test_streamed_response_is_the_list_with_its_fields(
         if batch is not None:
             opening = opening or splitter.head
             entries += [bytes(e) for e in batch.entries]
+    batch = splitter.rest()
+    if batch is not None:
+        opening = opening or splitter.head
+        entries += [bytes(e) for e in batch.entries]
     last = splitter.finish()
     entries += [bytes(e) for e in last.entries]
     head = opening or splitter.head

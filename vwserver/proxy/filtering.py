@@ -632,6 +632,17 @@ class ListSplitter:
             data = data[start:]
         return self._split(data)
 
+    def rest(self) -> Batch | None:
+        """At the answer's end, before :meth:`finish`: the entries the bytes not yet split
+        complete but the last (which the list's end follows), as a batch — so that only the
+        last entry is decoded whole with the list's fields."""
+        if self.head is None or not (self._data or self._pending):
+            return None
+        parts = [self._data, *self._pending]
+        self._pending.clear()
+        self._pending_size = 0
+        return self._split(b"".join(parts))
+
     def _locate(self, data: bytes) -> int | None:
         """Where the entries begin (after their ``[``), with :attr:`head` set; None: not yet."""
         envelope = _table_decoder if self._table else _list_decoder

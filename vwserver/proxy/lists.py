@@ -472,11 +472,11 @@ async def _serve_streamed(
                         chunk = await content.readany()
                     except aiohttp.ClientPayloadError as e:
                         raise BadGateway(f"upstream list answer broke off: {e}") from e
-                    if chunk:
-                        batch = splitter.feed(chunk)
-                        if batch is None:
-                            continue
+                    batch = splitter.feed(chunk) if chunk else splitter.rest()
+                    if batch is not None:
                         shown, outside = batch.visible(matcher, member)
+                    elif chunk:
+                        continue
                     else:
                         page = splitter.finish()
                         shown = page.visible(selected, member)
@@ -496,7 +496,7 @@ async def _serve_streamed(
                             if not await prepare_list(ctx.request, response):
                                 return response
                         await response.write(data)
-                    if not chunk:
+                    if not chunk and batch is None:
                         break
             token = page.continue_token
             if not token:
