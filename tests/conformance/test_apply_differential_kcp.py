@@ -305,23 +305,34 @@ async def apply_world(kcp: KcpInstance, world: Bootstrap) -> AsyncIterator[World
             assert widgets_cache(registry).synced
             yield w
         finally:
-            with contextlib.suppress(Exception):
+            try:
                 await _release_all(w)
-            await remove_namespace(kcp, [consumer], namespace)
+            finally:
+                await remove_namespace(kcp, [consumer], namespace)
 
 
 async def _release_all(w: World) -> None:
-    """No finalizer may keep the namespace."""
-    async with w.session.get(w.direct) as resp:
-        items = (await resp.json()).get("items", [])
-    for item in items:
-        if item["metadata"].get("finalizers"):
-            await w.call(
-                "PATCH",
-                f"{w.direct}/{item['metadata']['name']}",
-                {"metadata": {"finalizers": None}},
-                ctype=MERGE,
-            )
+    """No finalizer may keep the namespace, and no widget of this module outlives it: they are
+    deleted here and waited for (the namespace's deletion is asynchronous, and the modules
+    after this one compare two reads of the world's widgets — kcp's namespace controller
+    deleting these between them would make the reads differ)."""
+    async with asyncio.timeout(60):
+        while True:
+            async with w.session.get(w.direct) as resp:
+                items = (await resp.json()).get("items", [])
+            if not items:
+                return
+            for item in items:
+                if item["metadata"].get("finalizers"):
+                    await w.call(
+                        "PATCH",
+                        f"{w.direct}/{item['metadata']['name']}",
+                        {"metadata": {"finalizers": None}},
+                        ctype=MERGE,
+                    )
+            async with w.session.delete(w.direct) as resp:
+                assert resp.status == 200, await resp.text()
+            await asyncio.sleep(0.5)
 
 
 def _apply_params(manager: str, *, force: bool) -> dict[str, str]:
