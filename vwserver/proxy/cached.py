@@ -500,13 +500,13 @@ async def stream_watch(
     initial: Iterable[bytes],
     end: Callable[[], bytes] | None,
     stream: Callable[[], Awaitable[None]],
-    done: Callable[[], None],
+    done: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
     """The body of a cached watch whose headers are sent: its ``initial`` events, the
     initial-events-end bookmark made by ``end`` after them (a Table's first line carries its
     column definitions; None: the client asked for no bookmark), then ``stream``
-    (the live changes) and the chunked end. ``done`` runs however it ends; a client that went
-    away gets nothing more."""
+    (the live changes) and the chunked end. ``done`` runs however it ends (None: the caller
+    cleans up itself); a client that went away gets nothing more."""
     try:
         await write_lines(response, initial)
         if end is not None:
@@ -515,7 +515,8 @@ async def stream_watch(
     except ConnectionError:
         return response
     finally:
-        done()
+        if done is not None:
+            done()
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response

@@ -348,8 +348,7 @@ async def serve_claimed_watch(
             if plan.initial_events_end
             else None,
             stream=lambda: _stream(ctx, response, streaming, pending, watch, lines, plan=plan),
-            done=streaming.close,
-        )
+        )  # the subscription is closed below, however the watch ends
     finally:
         if undo is not None:
             undo()
