@@ -9,11 +9,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 
 from tests.integration.conftest import PROXY_TOKEN, Env, widget
 from tests.support.serve import NO_AUTH, serve_app
 from vwserver.k8s.kubeconfig import ClientAuth
+from vwserver.proxy import filtering
 from vwserver.proxy.upstream import UpstreamClient
 from vwserver.routes import Route, Routes, RouteTable
 from vwserver.selector import Selector
@@ -46,26 +48,46 @@ async def test_wildcard_list_shows_only_the_slice(env: Env) -> None:
     assert "continue" not in doc["metadata"]
 
 
-async def test_list_pages_upstream_and_pushes_the_selector_down(env: Env) -> None:
+async def test_unpaged_list_is_one_upstream_request_with_the_selector(env: Env) -> None:
     env.fake.faults.requests.clear()
     status, doc = await env.get_json(env.widgets(cluster="c1", ns=None))
     assert status == 200
     assert names(doc) == ["c1/w0", "c1/w2", "c1/w4"]
     lists = [r for r in env.fake.faults.requests if r.method == "GET"]
-    # page size 2 for 3 matching objects: two upstream pages, each with the slice's selector
-    assert len(lists) == 2
-    assert all(r.query.get("labelSelector") == "env=prod" for r in lists)
-    assert lists[0].query.get("limit") == "2"
-    assert "continue" in lists[1].query
+    # an unpaged LIST is kcp's whole answer, streamed: one request, no limit, the selector
+    assert len(lists) == 1
+    assert lists[0].query.get("labelSelector") == "env=prod"
+    assert "limit" not in lists[0].query
+    assert "continue" not in lists[0].query
 
 
-async def test_proxy_paged_list_doubles_its_upstream_pages(env: Env) -> None:
+async def test_unpaged_list_streamed_in_batches_is_whole_and_in_order(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches smaller than one object: every entry is split off on its own."""
+    monkeypatch.setattr(filtering, "STREAM_BATCH", 1)
     env.fake.faults.requests.clear()
     status, doc = await env.get_json(env.widgets(cluster="*", ns=None))
     assert status == 200
+    assert names(doc) == ["c1/w0", "c1/w2", "c1/w4", "c2/w0", "c2/w2", "c2/w4"]
+    assert doc["kind"] == "WidgetList"
+    assert doc["apiVersion"] == "example.io/v1alpha1"
+    assert doc["metadata"]["resourceVersion"]
+    assert "continue" not in doc["metadata"]
+    assert len([r for r in env.fake.faults.requests if r.method == "GET"]) == 1
+
+
+async def test_proxy_paged_yaml_list_doubles_its_upstream_pages(env: Env) -> None:
+    env.fake.faults.requests.clear()
+    async with env.session.get(
+        env.widgets(cluster="*", ns=None), headers={"Accept": "application/yaml"}
+    ) as r:
+        assert r.status == 200
+        doc = yaml.safe_load(await r.read())
     assert len(doc["items"]) == 6
     lists = [r for r in env.fake.faults.requests if r.method == "GET"]
-    # page size 2, 6 matching objects: 2, then 4 (each page's small objects fit the byte bound)
+    # a YAML answer is written from pages the proxy reads (page size 2, 6 matching objects:
+    # 2, then 4: each page's small objects fit the byte bound)
     assert [r.query.get("limit") for r in lists] == ["2", "4"]
     assert "continue" in lists[1].query
 
@@ -83,6 +105,17 @@ async def test_client_paging_is_honoured(env: Env) -> None:
     seen += names(doc)
     assert "continue" not in doc["metadata"]
     assert sorted(seen) == ["c1/w0", "c1/w2", "c1/w4", "c2/w0", "c2/w2", "c2/w4"]
+
+
+async def test_continue_without_a_limit_is_the_rest_of_the_list(env: Env) -> None:
+    url = env.widgets(cluster="*", ns=None)
+    status, doc = await env.get_json(url, params={"limit": "2"})
+    assert status == 200
+    first = names(doc)
+    status, doc = await env.get_json(url, params={"continue": doc["metadata"]["continue"]})
+    assert status == 200
+    assert first + names(doc) == ["c1/w0", "c1/w2", "c1/w4", "c2/w0", "c2/w2", "c2/w4"]
+    assert "continue" not in doc["metadata"]
 
 
 async def test_client_selector_is_combined(env: Env) -> None:
@@ -422,14 +455,21 @@ async def test_upstream_errors_are_relayed(env: Env) -> None:
         assert (await r.json())["kind"] == "Status"
 
 
-async def test_list_broken_mid_stream_is_not_a_short_list() -> None:
+@pytest.mark.parametrize("shown", [True, False], ids=["after-an-entry", "before-any-entry"])
+async def test_list_broken_mid_stream_is_not_a_short_list(shown: bool) -> None:
     """A later page failing (here: 410 Expired) must break the response, never end it as a valid
-    but shorter list. A tiny scripted upstream makes the failure deterministic."""
+    but shorter list. A tiny scripted upstream makes the failure deterministic; it pages the
+    answer (a continue token) although the proxy asked for the whole list. Before any entry
+    went out (the first page's object is outside the request's cluster) the response has not
+    begun: the client gets the 502."""
+    first = widget("a", env="prod")
+    if shown:
+        first["metadata"]["annotations"] = {"kcp.io/cluster": "c1"}
     page1 = {
         "apiVersion": "example.io/v1alpha1",
         "kind": "WidgetList",
         "metadata": {"resourceVersion": "5", "continue": "next"},
-        "items": [widget("a", env="prod")],
+        "items": [first],
     }
 
     async def handler(request: web.Request) -> web.Response:
@@ -454,6 +494,9 @@ async def test_list_broken_mid_stream_is_not_a_short_list() -> None:
                 f"{proxy}/services/filtered-apiexport/s/prod/clusters/c1/apis/example.io/v1/widgets"
             )
             async with session.get(url) as r:
+                if not shown:
+                    assert r.status == 502
+                    return
                 assert r.status == 200
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await r.read()

@@ -319,9 +319,11 @@ class Config(CommandConfig):
     controller: ControllerConfig | None = None
     """kcp mode: slices discovered as objects in kcp."""
     list_page_size: int = 500
-    """Size of the first upstream page when the proxy pages a LIST itself; each later page
-    doubles, up to 10,000 objects or about 4 MiB at the previous page's bytes per object (kcp's
-    cost per page)."""
+    """Size of the first upstream page when the proxy pages a LIST itself (an unpaged LIST of a
+    slice that records holds, or in YAML); each later page doubles, up to 10,000 objects or
+    about 4 MiB at the previous page's bytes per object (kcp's cost per page). An unpaged JSON
+    LIST of a slice that records no holds is one upstream LIST without a limit, streamed through
+    in batches of 256 KiB."""
     mutating_admission: bool = False
     """``true`` when the provider's workspace runs mutating admission (webhooks,
     MutatingAdmissionPolicies) on the exported resources that can change labels, annotations or

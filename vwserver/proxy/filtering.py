@@ -3,7 +3,11 @@
 The proxy pushes every selector down to the upstream *and* checks every object itself: the
 upstream's filtering is an optimisation, this module is the guarantee. Objects are
 decoded only as far as their head (apiVersion, kind, metadata) with msgspec, and matching objects
-are forwarded as their original bytes, so each object is parsed once and never re-encoded.
+are forwarded as their original bytes, so each object is parsed once and never re-encoded. A
+list streamed through (:class:`ListSplitter`) is decoded only as far as its check reads (labels
+as their bytes, matched once per distinct set; the holds and cluster annotations; name and
+namespace where the scope needs them), the whole metadata of held objects only
+(:meth:`Batch.visible`, property-tested against :meth:`Page.visible`).
 
 **The representation is never guessed.** Where an object's metadata is depends on the shape the
 request negotiated (:mod:`vwserver.proxy.negotiation`): a plain list's item *is* the object, a
@@ -73,9 +77,11 @@ matches; it is decided from the metadata decoded above (annotations and finalize
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import compress
-from typing import Any, Final
+from operator import is_
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -111,13 +117,19 @@ class Scope:
     """A create with ``generateName`` only: the name kcp generates starts with it."""
 
     def admits(self, meta: ObjectMeta) -> bool:
-        if self.cluster != "*" and (meta.annotations or {}).get(CLUSTER_ANNOTATION) != self.cluster:
+        cluster = (meta.annotations or {}).get(CLUSTER_ANNOTATION)
+        return self.admits_parts(cluster, meta.namespace, meta.name)
+
+    def admits_parts(self, cluster: str | None, namespace: str, name: str) -> bool:
+        """:meth:`admits` of an object in ``cluster`` (its ``kcp.io/cluster``; None: none),
+        ``namespace``, named ``name``."""
+        if self.cluster != "*" and cluster != self.cluster:
             return False
-        if self.namespace and meta.namespace != self.namespace:
+        if self.namespace and namespace != self.namespace:
             return False
-        if self.name_prefix and not meta.name.startswith(self.name_prefix):
+        if self.name_prefix and not name.startswith(self.name_prefix):
             return False
-        return not self.name or meta.name == self.name
+        return not self.name or name == self.name
 
 
 ANYWHERE: Final = Scope()
@@ -298,11 +310,11 @@ def decode_page(body: bytes, *, table: bool = False, scope: Scope = ANYWHERE) ->
             gc.enable()
 
 
-def _decode_page(body: bytes, *, table: bool, scope: Scope) -> Page:
+def _decode_page(body: bytes, *, table: bool, scope: Scope, kind_checked: bool = True) -> Page:
     try:
         if table:
             page = _table_decoder.decode(body)
-            if page.kind != "Table":
+            if kind_checked and page.kind != "Table":
                 raise UndecodableError(f"expected a Table, got kind {page.kind!r}")
             rows = _table_metas_decoder.decode(body).rows or []
             entries: list[msgspec.Raw] = page.rows or []
@@ -311,7 +323,7 @@ def _decode_page(body: bytes, *, table: bool, scope: Scope) -> Page:
             columns: bytes | None = bytes(page.columnDefinitions)
         else:
             plain = _list_decoder.decode(body)
-            if not plain.kind.endswith("List"):
+            if kind_checked and not plain.kind.endswith("List"):
                 raise UndecodableError(f"expected a list, got kind {plain.kind!r}")
             entries = plain.items or []
             metas = [i.metadata for i in _list_metas_decoder.decode(body).items or []]
@@ -319,6 +331,32 @@ def _decode_page(body: bytes, *, table: bool, scope: Scope) -> Page:
             columns = None
     except msgspec.DecodeError as e:
         raise UndecodableError(str(e)) from e
+    return _scoped(
+        Envelope(
+            api_version=api_version,
+            kind=kind,
+            resource_version=list_meta.resourceVersion,
+            continue_token=list_meta.continue_,
+            column_definitions=columns,
+        ),
+        entries,
+        metas,
+        table=table,
+        scope=scope,
+        size=len(body),
+    )
+
+
+def _scoped(
+    envelope: Envelope,
+    entries: list[msgspec.Raw],
+    metas: list[ObjectMeta | None],
+    *,
+    table: bool,
+    scope: Scope,
+    size: int,
+) -> Page:
+    """The page of ``entries`` (with their ``metas``) in ``scope``, the others counted."""
     out_of_scope = 0
     if scope != ANYWHERE:  # e.g. a LIST on clusters/* admits every object: no pass
         kept = [(e, m) for e, m in zip(entries, metas, strict=True) if m is None or scope.admits(m)]
@@ -327,16 +365,394 @@ def _decode_page(body: bytes, *, table: bool, scope: Scope) -> Page:
             entries, metas = [e for e, _ in kept], [m for _, m in kept]
     return Page(
         is_table=table,
-        api_version=api_version,
-        kind=kind,
-        resource_version=list_meta.resourceVersion,
-        continue_token=list_meta.continue_,
-        column_definitions=columns,
+        api_version=envelope.api_version,
+        kind=envelope.kind,
+        resource_version=envelope.resource_version,
+        continue_token=envelope.continue_token,
+        column_definitions=envelope.column_definitions,
         entries=entries,
         metas=metas,
         out_of_scope=out_of_scope,
-        size=len(body),
+        size=size,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A list's fields besides its entries ("": absent); ``column_definitions`` a Table's."""
+
+    api_version: str = ""
+    kind: str = ""
+    resource_version: str = ""
+    continue_token: str = ""
+    column_definitions: bytes | None = None
+
+
+STREAM_BATCH: Final = 256 * 2**10
+"""Bytes of an upstream list answer :class:`ListSplitter` gathers before it splits off the
+entries they complete: what the proxy holds of a streamed list besides the batch it writes."""
+_MAX_CUTS: Final = 16
+"""Candidate ends of a batch tried before :class:`ListSplitter` waits for more bytes."""
+_CUT: Final = b"},{"
+_raw_entries = msgspec.json.Decoder(list[msgspec.Raw])
+_item_metas = msgspec.json.Decoder(list[_Item])
+_row_metas = msgspec.json.Decoder(list[_Row])
+
+
+class _Notes(msgspec.Struct, gc=False):
+    """The annotations the check of a list's entry reads; the others are skipped unread."""
+
+    cluster: str | None = msgspec.field(default=None, name=CLUSTER_ANNOTATION)
+    holds: str | None = msgspec.field(default=None, name=HOLDS_ANNOTATION)
+
+
+class _Holds(msgspec.Struct, gc=False):
+    """:class:`_Notes` of a request addressing any logical cluster."""
+
+    holds: str | None = msgspec.field(default=None, name=HOLDS_ANNOTATION)
+
+
+def _null() -> msgspec.Raw:
+    return msgspec.Raw(b"null")
+
+
+class _LeanMeta(msgspec.Struct, gc=False):
+    name: str = ""
+    namespace: str = ""
+    labels: msgspec.Raw = msgspec.field(default_factory=_null)
+    annotations: _Notes | None = None
+
+
+class _LeanItem(msgspec.Struct, gc=False):
+    metadata: _LeanMeta = msgspec.field(default_factory=_LeanMeta)
+
+
+class _AnywhereMeta(msgspec.Struct, gc=False):
+    """:class:`_LeanMeta` of a request whose scope admits every object (no name, namespace or
+    cluster to compare)."""
+
+    labels: msgspec.Raw = msgspec.field(default_factory=_null)
+    annotations: _Holds | None = None
+
+
+class _AnywhereItem(msgspec.Struct, gc=False):
+    metadata: _AnywhereMeta = msgspec.field(default_factory=_AnywhereMeta)
+
+
+_lean_items = msgspec.json.Decoder(list[_LeanItem])
+_anywhere_items = msgspec.json.Decoder(list[_AnywhereItem])
+_labels_decoder = msgspec.json.Decoder(dict[str, str] | None)
+_is_none = partial(is_, None)
+_MATCHED_LABELS: Final = 4096
+"""Distinct label sets whose match :class:`LabelMatcher` remembers at most."""
+
+
+class LabelMatcher:
+    """``selector.matches`` of label sets given as their JSON bytes, each distinct set decoded
+    and matched once (the objects of a collection share few label sets)."""
+
+    def __init__(self, selector: Selector) -> None:
+        self.selector = selector
+        self._known: dict[bytes, bool] = {}
+
+    def each(self, labels: list[msgspec.Raw]) -> list[bool]:
+        keys = list(map(bytes, labels))
+        known = self._known
+        matched = list(map(known.get, keys))
+        if None not in matched:
+            return cast(list[bool], matched)
+        if len(known) > _MATCHED_LABELS:
+            known.clear()
+        matches = self.selector.matches
+        for key in set(compress(keys, map(_is_none, matched))):
+            try:
+                known[key] = matches(_labels_decoder.decode(key))
+            except msgspec.DecodeError as e:
+                raise UndecodableError(str(e)) from e
+        return list(map(known.__getitem__, keys))
+
+
+class Batch:
+    """Entries of a list answer split off as it streams in (:class:`ListSplitter`): the JSON
+    array they make (``[`` entries ``]``, the upstream's bytes), and the list's fields before
+    them. A plain list's batch was decoded as far as :meth:`visible` reads; its raw entries
+    and its whole metadata are decoded when asked for."""
+
+    __slots__ = ("_entries", "_lean", "body", "head", "scope", "table")
+
+    def __init__(
+        self,
+        body: bytes,
+        head: Envelope,
+        *,
+        table: bool,
+        scope: Scope,
+        entries: list[msgspec.Raw] | None = None,
+        lean: list[_LeanItem] | list[_AnywhereItem] | None = None,
+    ) -> None:
+        self.body = body
+        self.head = head
+        self.table = table
+        self.scope = scope
+        self._entries = entries
+        self._lean = lean
+
+    @property
+    def entries(self) -> list[msgspec.Raw]:
+        """Every entry of the batch, raw (in scope or not)."""
+        if self._entries is None:
+            self._entries = _raw_entries.decode(self.body)
+        return self._entries
+
+    def page(self) -> Page:
+        """The batch as a page (:func:`decode_page`'s): every entry's metadata decoded, those
+        outside the scope left out."""
+        paused = gc.isenabled()  # as in decode_page
+        if paused:
+            gc.disable()
+        try:
+            if self.table:
+                metas = [
+                    None if r.object is None else r.object.metadata
+                    for r in _row_metas.decode(self.body)
+                ]
+            else:
+                metas = [i.metadata for i in _item_metas.decode(self.body)]
+        except msgspec.DecodeError as e:
+            raise UndecodableError(str(e)) from e
+        finally:
+            if paused:
+                gc.enable()
+        return _scoped(
+            self.head, self.entries, metas, table=self.table, scope=self.scope, size=len(self.body)
+        )
+
+    def visible(
+        self, matcher: LabelMatcher, member: Member | None
+    ) -> tuple[list[bytes | msgspec.Raw | memoryview], int]:
+        """The entries :meth:`Page.visible` shows of :meth:`page` (``matcher``'s selector,
+        ``member``), to be joined with ``,`` — all of them as one run of the upstream's bytes
+        when every entry is shown — and how many were outside the scope.
+
+        Decided from what the decision reads — each object's labels and holds annotation, and
+        its name, namespace and ``kcp.io/cluster`` unless the scope admits any — instead of
+        its whole metadata: labels are matched per distinct set (:class:`LabelMatcher`), and
+        only an object some slice holds has its metadata decoded whole, for the holds. A Table,
+        and a selector that does not include the slice's or a claimed resource's
+        (:meth:`Page.shown_mask`'s per-object path), take :meth:`page`."""
+        selector = matcher.selector
+        lean = self._lean
+        if lean is None or (
+            member is not None
+            and (member.claimed is not None or not selector.implies(member.selector))
+        ):
+            page = self.page()
+            return list(compress(page.entries, page.shown_mask(selector, member))), (
+                page.out_of_scope
+            )
+        metas = [i.metadata for i in lean]
+        shown = matcher.each([m.labels for m in metas])
+        notes = [m.annotations for m in metas]
+        outside = 0
+        scope = self.scope
+        if scope != ANYWHERE:
+            admitted = [
+                scope.admits_parts(None if n is None else n.cluster, m.namespace, m.name)
+                for m, n in zip(
+                    cast(list[_LeanMeta], metas), cast(list[_Notes | None], notes), strict=True
+                )
+            ]
+            outside = admitted.count(False)
+            if outside:
+                shown = [a and s for a, s in zip(admitted, shown, strict=True)]
+        if member is not None:
+            held = [i for i, n in enumerate(notes) if n is not None and n.holds is not None]
+            for index in held:
+                if shown[index]:  # held: the holds decide, from the object's whole metadata
+                    shown[index] = _sees(member, decode_head(self.entries[index]).metadata)
+        if all(shown):
+            # every entry, as the upstream sent them: the bytes between the array's brackets
+            return [memoryview(self.body)[1:-1]], outside
+        return list(compress(self.entries, shown)), outside
+
+
+class ListSplitter:
+    """One upstream list answer decoded as its bytes arrive: the entries every
+    :data:`STREAM_BATCH` bytes complete, as batches (:class:`Batch`; their checks are
+    :func:`decode_page`'s), so that a whole collection is one upstream request while the proxy
+    holds a batch of it, not the answer.
+
+    No JSON is parsed by hand: msgspec decides every boundary. The entries' array is found as
+    the first ``"items":[`` (``"rows":[`` of a Table) whose text before it decodes as the
+    list's opening (``that + "[]}"``: a match inside a string or a nested value leaves that
+    text unterminated or unbalanced, which does not decode). A batch ends at the last ``},{``
+    of the bytes gathered whose text before it decodes as a JSON array (``"[" + that + "]"``;
+    :data:`_MAX_CUTS` candidates at most, else it waits for more bytes): a prefix of the answer
+    that decodes as an array of complete values ends where an entry ends, and a ``},{`` inside
+    an entry (between the objects of a nested array, in a string) leaves it unterminated. A
+    value of the wrong type there is the answer's own (the ``]`` only closes arrays of its
+    values): undecodable at once. kcp writes no whitespace between entries; an answer whose
+    entries cannot be split so (or whose array is not found) is decoded whole at its end, as
+    :func:`decode_page` does.
+
+    The list's other fields may come before or after the entries (an unstructured list — a
+    custom resource's — has its keys sorted: ``apiVersion``, ``items``, ``kind``,
+    ``metadata``): :attr:`head` holds those before, :meth:`finish` returns the last page with
+    all of them."""
+
+    def __init__(self, *, table: bool, scope: Scope, batch: int | None = None) -> None:
+        self._table = table
+        self._scope = scope
+        self._batch = STREAM_BATCH if batch is None else batch
+        self._key = b'"rows":[' if table else b'"items":['
+        self._data = b""
+        """Bytes received and not yet split: before the entries while :attr:`head` is None,
+        else from the next entry on."""
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        self._searched = 0
+        """Where the next search for the entries' array starts in ``_data``."""
+        self.head: Envelope | None = None
+        """The list's fields before its entries, once their array is found."""
+
+    def feed(self, chunk: bytes) -> Batch | None:
+        """Take the next bytes of the answer; a batch of the entries they complete, if any."""
+        self._pending.append(chunk)
+        self._pending_size += len(chunk)
+        if self._pending_size < self._batch:
+            return None
+        data = b"".join((self._data, *self._pending))
+        self._pending.clear()
+        self._pending_size = 0
+        if self.head is None:
+            start = self._locate(data)
+            if start is None:
+                self._data = data
+                return None
+            data = data[start:]
+        return self._split(data)
+
+    def rest(self) -> Batch | None:
+        """At the answer's end, before :meth:`finish`: the entries the bytes not yet split
+        complete but the last (which the list's end follows), as a batch — so that only the
+        last entry is decoded whole with the list's fields."""
+        if self.head is None or not (self._data or self._pending):
+            return None
+        parts = [self._data, *self._pending]
+        self._pending.clear()
+        self._pending_size = 0
+        return self._split(b"".join(parts))
+
+    def _locate(self, data: bytes) -> int | None:
+        """Where the entries begin (after their ``[``), with :attr:`head` set; None: not yet."""
+        envelope = _table_decoder if self._table else _list_decoder
+        at = data.find(self._key, self._searched)
+        while at >= 0:
+            opening = data[: at + len(self._key) - 1] + b"[]}"
+            try:
+                page = envelope.decode(opening)
+            except msgspec.DecodeError:
+                at = data.find(self._key, at + 1)
+                continue
+            columns = bytes(page.columnDefinitions) if isinstance(page, TablePage) else None
+            self.head = Envelope(
+                api_version=page.apiVersion,
+                kind=page.kind,
+                resource_version=page.metadata.resourceVersion,
+                continue_token=page.metadata.continue_,
+                column_definitions=columns if b'"columnDefinitions"' in opening else None,
+            )
+            self._check_kind(page.kind)
+            return at + len(self._key)
+        # A match may still be cut off at the end: search again from just before it.
+        self._searched = max(0, len(data) - len(self._key))
+        return None
+
+    def _check_kind(self, kind: str) -> None:
+        if not kind:
+            return  # after the entries
+        if self._table and kind != "Table":
+            raise UndecodableError(f"expected a Table, got kind {kind!r}")
+        if not self._table and not kind.endswith("List"):
+            raise UndecodableError(f"expected a list, got kind {kind!r}")
+
+    def _split(self, data: bytes) -> Batch | None:
+        cut = data.rfind(_CUT)
+        for _ in range(_MAX_CUTS):
+            if cut < 0:
+                break
+            body = b"".join((b"[", memoryview(data)[: cut + 1], b"]"))
+            entries: list[msgspec.Raw] | None = None
+            lean: list[_LeanItem] | list[_AnywhereItem] | None = None
+            paused = gc.isenabled()  # as in decode_page
+            if paused:
+                gc.disable()
+            try:
+                if self._table:
+                    entries = _raw_entries.decode(body)
+                elif self._scope == ANYWHERE:
+                    lean = _anywhere_items.decode(body)
+                else:
+                    lean = _lean_items.decode(body)
+            except msgspec.ValidationError as e:
+                # A value of the wrong type is one of the answer's own: the text before the
+                # cut is the answer's, and the "]" added only closes arrays of its values.
+                raise UndecodableError(str(e)) from e
+            except msgspec.DecodeError:
+                cut = data.rfind(_CUT, 0, cut)
+                continue
+            finally:
+                if paused:
+                    gc.enable()
+            self._data = data[cut + 2 :]
+            assert self.head is not None
+            return Batch(
+                body, self.head, table=self._table, scope=self._scope, entries=entries, lean=lean
+            )
+        self._data = data
+        return None
+
+    def finish(self) -> Page:
+        """The entries after the last batch and every field of the list (the answer ended)."""
+        data = b"".join((self._data, *self._pending))
+        self._data, self._pending = b"", []
+        if self.head is None:
+            page = decode_page(data, table=self._table, scope=self._scope)
+            self.head = Envelope(
+                api_version=page.api_version,
+                kind=page.kind,
+                resource_version=page.resource_version,
+                continue_token=page.continue_token,
+                column_definitions=page.column_definitions,
+            )
+            return page
+        paused = gc.isenabled()  # as in decode_page
+        if paused:
+            gc.disable()
+        try:
+            rest = _decode_page(
+                b"{" + self._key + data, table=self._table, scope=self._scope, kind_checked=False
+            )
+        finally:
+            if paused:
+                gc.enable()
+        head = self.head
+        page = replace(
+            rest,
+            api_version=head.api_version or rest.api_version,
+            kind=head.kind or rest.kind,
+            resource_version=head.resource_version or rest.resource_version,
+            continue_token=head.continue_token or rest.continue_token,
+            column_definitions=(
+                head.column_definitions
+                if head.column_definitions is not None
+                else rest.column_definitions
+            ),
+        )
+        if not page.kind:
+            raise UndecodableError("the list has no kind")
+        self._check_kind(page.kind)
+        return page
 
 
 def decode_table_rows(body: bytes) -> list[ObjectMeta | None]:
@@ -409,6 +825,42 @@ def list_opening(
 
 
 LIST_FOOTER = b"]}\n"
+
+
+def streamed_opening(head: Envelope, *, table: bool) -> bytes:
+    """The opening of a JSON list response written as its upstream answer streams in
+    (:class:`ListSplitter`): the fields the upstream sent before the entries (``head``), in
+    the apiserver's order, up to and including the ``[`` of the entries; the others follow
+    them (:func:`streamed_closing`), as in kcp's own answer. ``remainingItemCount`` is dropped
+    and there is no ``continue``: the response is the whole list."""
+    parts = [b"{"]
+    if head.kind:
+        parts += (b'"kind":', _encoder.encode(head.kind), b",")
+    if head.api_version:
+        parts += (b'"apiVersion":', _encoder.encode(head.api_version), b",")
+    if head.resource_version:
+        parts += (b'"metadata":', _encoder.encode({"resourceVersion": head.resource_version}), b",")
+    if table and head.column_definitions is not None:
+        parts += (b'"columnDefinitions":', head.column_definitions, b",")
+    parts.append(b'"rows":[' if table else b'"items":[')
+    return b"".join(parts)
+
+
+def streamed_closing(head: Envelope, whole: Page) -> bytes:
+    """The end of the response :func:`streamed_opening` began: the fields of the list
+    (``whole``, its every field) that were not in ``head``, in sorted order (an unstructured
+    list's)."""
+    parts = [b"]"]
+    if not head.api_version:
+        parts += (b',"apiVersion":', _encoder.encode(whole.api_version))
+    if whole.is_table and head.column_definitions is None:
+        parts += (b',"columnDefinitions":', whole.column_definitions or b"[]")
+    if not head.kind:
+        parts += (b',"kind":', _encoder.encode(whole.kind))
+    if not head.resource_version:
+        parts += (b',"metadata":', _encoder.encode({"resourceVersion": whole.resource_version}))
+    parts.append(b"}\n")
+    return b"".join(parts)
 
 
 def synthetic_deleted(head: ObjectHead) -> bytes:
@@ -655,7 +1107,7 @@ def _without_row_objects(line: bytes | memoryview) -> bytes:
     return _encoder.encode(event) + b"\n"
 
 
-def strip_row_object(row: bytes | msgspec.Raw) -> bytes:
+def strip_row_object(row: bytes | msgspec.Raw | memoryview) -> bytes:
     """One Table row without its embedded object (``includeObject=None``: the apiserver writes
     ``"object": null``, as metav1.TableRow has no omitempty there)."""
     decoded = msgspec.json.decode(row)

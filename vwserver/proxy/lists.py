@@ -38,14 +38,29 @@ limit, then — only when entries the slice does not see (an object another slic
 of, a stray holder label) leave it short — further pages of at least ``listPageSize``; once the
 page holds an entry, :data:`FILL_ROUNDS` reads in all plus the second stream's first page (then
 a short page with a token, which the list contract allows), and the one re-read:
-:data:`MAX_UPSTREAM_PAGES`. A client that
-pages nothing is served by paging each stream — ``listPageSize`` first, then pages that double,
-bounded in objects and bytes (:func:`next_page_size`: kcp's cost grows with the number of
-pages) — and writing the merged entries as they come (memory: two pages per stream).
+:data:`MAX_UPSTREAM_PAGES`.
 
-Items are forwarded as the bytes the upstream sent. If the upstream fails after the first bytes
-went out, the connection is aborted rather than closed cleanly, so the client sees a broken
-response, never a short list that looks complete.
+A client that pages nothing costs kcp one LIST of the whole selection, as a direct call does:
+every page is a LIST of its own for kcp, whose cost grows with the number of pages (at 100,000
+objects, paging at 500 cost kcp 4 times its unpaged LIST). For a slice that records no holds
+(one stream) in JSON, kcp is asked without a limit and its answer is checked and written as it
+streams in (:func:`_serve_streamed`, :class:`~vwserver.proxy.filtering.ListSplitter`): batches
+of :data:`~vwserver.proxy.filtering.STREAM_BATCH` bytes, split where msgspec finds an entry's
+end, each entry decided from the fields the decision reads (labels matched once per distinct
+set, the whole metadata of held objects only) — memory: a batch, whatever the list's size (the
+socket's flow control holds back the rest). The list's fields are written where kcp put them
+(an unstructured list's keys are sorted: ``items`` before ``kind`` and ``metadata``); the
+resourceVersion is kcp's. Two streams to merge in key order (a slice that records holds), and
+YAML, are served by paging each stream — ``listPageSize`` first (a fallback from the cache: what
+holds the cached collection, :func:`first_page_size`), then pages that double, bounded in
+objects and bytes (:func:`next_page_size`) — and writing the merged entries as they come
+(memory: two pages per stream).
+
+Items are forwarded as the bytes the upstream sent (when every entry of a batch is shown, the
+batch's bytes as they came). If the upstream fails after the first bytes went out, the
+connection is aborted rather than closed cleanly, so the client sees a broken response, never a
+short list that looks complete; before that (a streamed list starts with its first entry), the
+client gets the error Status.
 """
 
 from __future__ import annotations
@@ -57,13 +72,14 @@ import bisect
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Final
 
+import aiohttp
 import msgspec
-from aiohttp import web
+from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
 
 from vwserver import metrics as m
@@ -75,11 +91,16 @@ from vwserver.proxy import yamlout
 from vwserver.proxy.context import ProxyRequest
 from vwserver.proxy.filtering import (
     LIST_FOOTER,
+    Envelope,
+    LabelMatcher,
+    ListSplitter,
     Page,
     UndecodableError,
     decode_page,
     list_fields,
     list_header,
+    streamed_closing,
+    streamed_opening,
     strip_row_object,
 )
 from vwserver.proxy.responses import (
@@ -339,6 +360,8 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
     limit = int(options.get("limit") or 0)
     if rv == "0" and match != "Exact" and not resume:
         limit = 0  # the apiserver ignores a limit at resourceVersion=0: the whole list
+    if not limit and not ctx.records_holds and not ctx.representation.yaml:
+        return await _serve_streamed(ctx, headers, resume=resume)
     extra: list[tuple[str, str]] = []
     if not limit:
         extra.append(("limit", str(ctx.page_size)))
@@ -404,6 +427,121 @@ async def serve_list(ctx: ProxyRequest) -> web.StreamResponse:
         return response
     await response.write_eof(writer.end())  # the list's end and the chunked end: one write
     return response
+
+
+async def _serve_streamed(
+    ctx: ProxyRequest, headers: CIMultiDict[str], *, resume: Resume | None
+) -> web.StreamResponse:
+    """An unpaged LIST of a slice that records no holds, in JSON: one upstream request
+    without a limit — kcp's cost of the whole list once, not once per page — whose answer is
+    checked and written batch by batch as it arrives (:class:`ListSplitter`: what the proxy
+    holds is a batch, the socket's flow control holds back the rest). kcp pages no answer it
+    was not asked to; if the upstream does, its continue tokens are followed the same way.
+    The response starts with its first bytes: an upstream failure before then is the
+    client's error Status, after it the connection is aborted."""
+    query = ctx.upstream_query(drop=("continue", "limit"))
+    if resume is not None:  # the rest of a list, from the client's continue token
+        query.append(("continue", resume.token))
+    selected, member = ctx.effective_selector(), ctx.member
+    matcher = LabelMatcher(selected)
+    response: web.StreamResponse | None = None
+    writer: _ListWriter | None = None
+    head: Envelope | None = None
+    prepared = False
+    url, asked = ctx.upstream_url, query
+    token = ""
+    try:
+        while True:
+            opened = (
+                _opened(ctx, query, headers)
+                if response is None
+                else _later(ctx, url, asked, headers, token=token)
+            )
+            async with opened as (url, asked, up):
+                if up.status != 200:
+                    if response is None:
+                        return await relay_whole(up)
+                    raise BadGateway(f"upstream answered {up.status} for a later list page")
+                if response is None:
+                    response = _StreamedList(status=200, headers=response_headers(up))
+                splitter = ListSplitter(table=ctx.table, scope=ctx.scope)
+                content = up.content
+                shown: Sequence[bytes | msgspec.Raw | memoryview]
+                while True:
+                    try:
+                        chunk = await content.readany()
+                    except aiohttp.ClientPayloadError as e:
+                        raise BadGateway(f"upstream list answer broke off: {e}") from e
+                    batch = splitter.feed(chunk) if chunk else splitter.rest()
+                    if batch is not None:
+                        shown, outside = batch.visible(matcher, member)
+                    elif chunk:
+                        continue
+                    else:
+                        page = splitter.finish()
+                        shown = page.visible(selected, member)
+                        outside = page.out_of_scope
+                    ctx.out_of_scope(outside)
+                    if writer is None:
+                        head = splitter.head
+                        assert head is not None
+                        writer = _ListWriter.framed(
+                            streamed_opening(head, table=ctx.table),
+                            strip_objects=ctx.strip_objects,
+                        )
+                    data = writer.entries(shown)
+                    if data:
+                        if not prepared:
+                            prepared = True
+                            if not await prepare_list(ctx.request, response):
+                                return response
+                        await response.write(data)
+                    if not chunk and batch is None:
+                        break
+            token = page.continue_token
+            if not token:
+                break
+    except (BadGateway, UpstreamUnavailable, UndecodableError) as e:
+        if not prepared:  # nothing went out: the client gets the error
+            if isinstance(e, UndecodableError):
+                raise BadGateway(f"upstream sent an undecodable list: {e}") from e
+            raise
+        kind = m.UNREACHABLE if isinstance(e, UpstreamUnavailable) else m.BAD_GATEWAY
+        ctx.metrics.upstream_errors.labels(kind).inc()
+        log.warning("list of %s aborted mid-stream: %s", ctx.api.resource, e)
+        _abort(ctx.request)
+        assert response is not None
+        return response
+    assert response is not None
+    assert writer is not None
+    assert head is not None
+    if not prepared and not await prepare_list(ctx.request, response):
+        return response
+    await response.write_eof(writer.end(streamed_closing(head, page)))
+    return response
+
+
+class _StreamedList(web.StreamResponse):
+    """A streamed list response whose headers go out with its first bytes (one write, not
+    two; aiohttp's own ``web.Response`` does so)."""
+
+    _send_headers_immediately = False
+
+
+@contextlib.asynccontextmanager
+async def _later(
+    ctx: ProxyRequest,
+    url: str,
+    query: list[tuple[str, str]],
+    headers: CIMultiDict[str],
+    *,
+    token: str,
+) -> AsyncIterator[tuple[str, list[tuple[str, str]], ClientResponse]]:
+    """The request of a list after the one asked with ``query``, from continue token
+    ``token``, as :func:`_opened` yields the first."""
+    asked = [*((k, v) for k, v in query if k != "continue"), ("continue", token)]
+    async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
+        yield url, asked, up
 
 
 def _relabel(query: list[tuple[str, str]], labels: str) -> list[tuple[str, str]]:
@@ -585,12 +723,25 @@ class _ListWriter:
         self._head, self._tail = yamlout.list_parts(fields, entries_key=key)
         self._empty = yamlout.empty_list_parts(fields, entries_key=key)
 
-    def entries(self, visible: Sequence[bytes | msgspec.Raw], *, last: bool = False) -> bytes:
+    @classmethod
+    def framed(cls, opening: bytes, *, strip_objects: bool) -> _ListWriter:
+        """A JSON writer whose opening is ``opening`` and whose end is given to :meth:`end`
+        (a list written as its upstream answer streams in: :func:`streamed_opening`)."""
+        writer = cls.__new__(cls)
+        writer._first, writer._yaml, writer._strip = True, False, strip_objects
+        writer._head, writer._tail = opening, LIST_FOOTER
+        return writer
+
+    def entries(
+        self, visible: Sequence[bytes | msgspec.Raw | memoryview], *, last: bool = False
+    ) -> bytes:
         """The bytes of ``visible`` in the response (after the opening, for the first entries),
-        and with ``last`` the list's end after them — copied once, in one join."""
+        and with ``last`` the list's end after them — copied once, in one join. An element may
+        be a run of entries already joined with ``,`` (:meth:`~vwserver.proxy.filtering.Batch.
+        visible`)."""
         if not visible:
             return self.end() if last else b""
-        parts: list[bytes | msgspec.Raw] = (
+        parts: list[bytes | msgspec.Raw | memoryview] = (
             [strip_row_object(r) for r in visible] if self._strip else list(visible)
         )
         if self._yaml:
@@ -603,16 +754,22 @@ class _ListWriter:
             return b"".join(parts)
         # Joined with "," in one pass: the opening (or the separator from the page before)
         # goes before the first entry, the end after the last.
-        parts[0] = b"".join((self._head if self._first else b",", parts[0]))
+        before = self._head if self._first else b","
+        if len(parts) == 1 and not last:
+            self._first = False
+            return b"".join((before, parts[0]))
+        parts[0] = b"".join((before, parts[0]))
         if last:
             parts[-1] = b"".join((parts[-1], self._tail))
         self._first = False
         return b",".join(parts)
 
-    def end(self) -> bytes:
+    def end(self, tail: bytes | None = None) -> bytes:
+        """The list's end (``tail``: instead of the one it was made with)."""
+        tail = self._tail if tail is None else tail
         if self._first:  # no entry at all
-            return self._empty if self._yaml else self._head + self._tail
-        return self._tail
+            return self._empty if self._yaml else self._head + tail
+        return tail
 
 
 def _identity(page: Page, index: int) -> tuple[str, ...] | bytes:
@@ -637,6 +794,20 @@ async def _first_page(
     on a workspace alike). The apiserver narrows such a list to the namespace itself
     (``genericregistry.Store.ListPredicate``), so the answers are the same; a resource that has
     no namespaced collection (404: cluster-scoped) is asked as the client asked."""
+    async with _opened(ctx, query, headers) as (url, asked, up):
+        if up.status != 200:
+            return await relay_whole(up)
+        page = _decode(ctx, await read_body(up))
+        return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
+
+
+@contextlib.asynccontextmanager
+async def _opened(
+    ctx: ProxyRequest, query: list[tuple[str, str]], headers: CIMultiDict[str]
+) -> AsyncIterator[tuple[str, list[tuple[str, str]], ClientResponse]]:
+    """The upstream's answer to a LIST's first request, and the URL and query it was asked
+    with — of the namespace a field selector names, if the upstream has such a collection
+    (:func:`_first_page`)."""
     targets = [(ctx.upstream_url, query)]
     narrowed = single_namespace(ctx.options.get("fieldSelector") or "")
     if narrowed is not None and not ctx.api.namespace and ctx.path.cluster != "*":
@@ -649,11 +820,9 @@ async def _first_page(
         async with ctx.upstream.request("GET", url, query=asked, headers=headers) as up:
             if up.status == 404 and attempt < len(targets):
                 continue
-            if up.status != 200:
-                return await relay_whole(up)
-            page = _decode(ctx, await read_body(up))
-            return url, asked, page, web.StreamResponse(status=200, headers=response_headers(up))
-    raise AssertionError("the last target's answer is returned")
+            yield url, asked, up
+            return
+    raise AssertionError("the last target's answer is yielded")
 
 
 _NAMESPACE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

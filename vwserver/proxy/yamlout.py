@@ -41,6 +41,6 @@ def empty_list_parts(fields: Mapping[str, Any], *, entries_key: str) -> bytes:
     return dump({**fields, entries_key: []})
 
 
-def entry(raw: bytes | msgspec.Raw) -> bytes:
+def entry(raw: bytes | msgspec.Raw | memoryview) -> bytes:
     """One list entry as a YAML sequence item (``- key: ...``)."""
     return dump([msgspec.json.decode(raw)])
